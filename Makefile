@@ -1,0 +1,236 @@
+# libkvtier - plain GNU make build.
+#
+#   make                 library (build/lib) and programs (build/bin)
+#   make check           all tests              make check-asan      ASan + UBSan
+#   make check-valgrind  tests under valgrind   make demo            the end-to-end demo
+#   make install / uninstall  (PREFIX, LIBDIR, INCLUDEDIR, MANDIR, BINDIR, DESTDIR)
+#   CUDA=0 turns the CUDA backend off (default: on when nvcc is found)
+#   WERROR=1 turns warnings into errors (CI)    O=DIR builds elsewhere (default build)
+
+VERSION_MAJOR := $(shell sed -n 's/^\#define KVT_VERSION_MAJOR \([0-9]*\).*/\1/p' include/kvtier/version.h)
+VERSION_MINOR := $(shell sed -n 's/^\#define KVT_VERSION_MINOR \([0-9]*\).*/\1/p' include/kvtier/version.h)
+VERSION_PATCH := $(shell sed -n 's/^\#define KVT_VERSION_PATCH \([0-9]*\).*/\1/p' include/kvtier/version.h)
+VERSION := $(VERSION_MAJOR).$(VERSION_MINOR).$(VERSION_PATCH)
+
+PREFIX     ?= /usr/local
+LIBDIR     ?= $(PREFIX)/lib
+INCLUDEDIR ?= $(PREFIX)/include
+MANDIR     ?= $(PREFIX)/share/man
+BINDIR     ?= $(PREFIX)/bin
+PKGCONFIGDIR ?= $(LIBDIR)/pkgconfig
+DESTDIR    ?=
+
+.DEFAULT_GOAL := all
+
+O      ?= build
+CC     ?= cc
+CXX    ?= c++
+CFLAGS ?= -O2 -g
+CXXFLAGS ?= -O2 -g
+LDFLAGS ?=
+SAN    ?=
+WERROR ?= 0
+
+CUDA_HOME ?= /usr/local/cuda
+NVCC ?= $(or $(shell command -v nvcc 2>/dev/null),$(wildcard $(CUDA_HOME)/bin/nvcc))
+ifeq ($(origin CUDA),undefined)
+CUDA := $(if $(NVCC),1,0)
+endif
+NVCC_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
+             -gencode arch=compute_90,code=compute_90
+
+LIBNAME  := libkvtier
+SONAME   := $(LIBNAME).so.$(VERSION_MAJOR)
+SOFILE   := $(LIBNAME).so.$(VERSION)
+
+WARN := -Wall -Wextra -Wshadow -Wconversion -Wstrict-prototypes -Wmissing-prototypes \
+        -Wno-sign-conversion
+ifeq ($(WERROR),1)
+WARN += -Werror
+endif
+comma := ,
+SANFLAGS := $(if $(SAN),-fsanitize=address$(comma)undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined)
+
+# ---- dependencies: found with pkg-config, installed when possible ----------
+# name-in-pkg-config:debian-package
+LIB_DEPS  := liburing:liburing-dev numa:libnuma-dev
+TEST_DEPS := cmocka:libcmocka-dev
+
+# $(call kvt_deps,deps,output-file): checks, installs (root + apt-get) or
+# stops with the exact command, then records the flags.
+define kvt_deps
+	@mkdir -p $(dir $(2))
+	@missing=""; command -v pkg-config >/dev/null 2>&1 || missing="pkg-config"; \
+	for d in $(1); do pc=$${d%%:*}; pkg=$${d#*:}; \
+	  pkg-config --exists $$pc 2>/dev/null || missing="$$missing $$pkg"; done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "kvtier: installing missing packages:$$missing"; \
+	    (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing) \
+	      || { echo "kvtier: apt-get install failed"; exit 1; }; \
+	  else \
+	    echo "kvtier: missing build dependencies. Run:"; \
+	    echo "    sudo apt-get install -y$$missing"; exit 1; \
+	  fi; \
+	fi; \
+	pcs=""; for d in $(1); do pcs="$$pcs $${d%%:*}"; done; \
+	{ echo "$(3)_CFLAGS := $$(pkg-config --cflags $$pcs)"; \
+	  echo "$(3)_LIBS := $$(pkg-config --libs $$pcs)"; } > $(2).tmp && mv $(2).tmp $(2)
+endef
+
+NODEP_GOALS := clean distclean uninstall help
+ifneq ($(filter-out $(NODEP_GOALS),$(or $(MAKECMDGOALS),all)),)
+include $(O)/config.mk
+ifneq ($(filter check% tests $(O)/tests/%,$(MAKECMDGOALS)),)
+include $(O)/config-test.mk
+endif
+endif
+
+$(O)/config.mk: Makefile
+	$(call kvt_deps,$(LIB_DEPS),$@,DEP)
+$(O)/config-test.mk: Makefile
+	$(call kvt_deps,$(TEST_DEPS),$@,CMOCKA)
+
+# ---- sources ----------------------------------------------------------------
+LIB_SRCS := $(wildcard lib/core/*.c)
+ifeq ($(CUDA),1)
+CU_SRCS  := $(wildcard cuda/*.cu)
+CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lpthread
+else
+LIB_SRCS += lib/backend/cuda_none.c
+CU_SRCS  :=
+CUDA_LIBS :=
+endif
+LIB_OBJS := $(LIB_SRCS:%.c=$(O)/obj/%.o) $(CU_SRCS:%.cu=$(O)/obj/%.o)
+
+BASE_CFLAGS := -std=c11 -D_GNU_SOURCE -fPIC -fvisibility=hidden -Iinclude $(WARN) $(SANFLAGS)
+LIB_LDLIBS   = $(DEP_LIBS) $(CUDA_LIBS) -lm -lpthread
+
+LIB_SO := $(O)/lib/$(SOFILE)
+LIB_A  := $(O)/lib/$(LIBNAME).a
+
+PROGS := $(O)/bin/kvtier-pool-demo
+PROG_RPATH := -Wl,-rpath,'$$ORIGIN/../lib'
+
+# ---- tests ------------------------------------------------------------------
+# Tests of the public ABI link the shared library; tests of internal helpers
+# (kvt__*) link the static one.
+TESTS_SHARED := test_errors test_opts test_pool test_append test_random test_c_headers
+TESTS_STATIC := test_convert
+TEST_BINS := $(addprefix $(O)/tests/,$(TESTS_SHARED) $(TESTS_STATIC) test_cxx_headers)
+TEST_SCRIPTS := tests/test_install.sh
+
+.PHONY: all lib programs check check-asan check-valgrind demo install uninstall clean \
+        distclean help tests cuda-compile
+all: lib programs
+lib: $(LIB_SO) $(LIB_A) $(O)/lib/kvtier.pc
+programs: $(PROGS)
+tests: $(TEST_BINS)
+
+$(O)/obj/%.o: %.c $(wildcard include/kvtier/*.h lib/core/*.h) | $(O)/config.mk
+	@mkdir -p $(dir $@)
+	$(CC) $(BASE_CFLAGS) $(DEP_CFLAGS) $(CFLAGS) -c $< -o $@
+
+$(O)/obj/%.o: %.cu $(wildcard include/kvtier/*.h)
+	@mkdir -p $(dir $@)
+	$(NVCC) -std=c++17 -O2 $(NVCC_ARCH) -Iinclude -Xcompiler -fPIC,-fvisibility=hidden -c $< -o $@
+
+$(LIB_SO): $(LIB_OBJS) lib/libkvtier.map
+	@mkdir -p $(dir $@)
+	$(CC) -shared -Wl,-soname,$(SONAME) -Wl,--version-script=lib/libkvtier.map -Wl,-z,defs \
+	  -Wl,--as-needed $(SANFLAGS) $(LDFLAGS) -o $@ $(LIB_OBJS) $(LIB_LDLIBS)
+	ln -sf $(SOFILE) $(O)/lib/$(SONAME)
+	ln -sf $(SONAME) $(O)/lib/$(LIBNAME).so
+
+$(LIB_A): $(LIB_OBJS)
+	@mkdir -p $(dir $@)
+	rm -f $@
+	ar rcs $@ $(LIB_OBJS)
+
+# The .pc file is written again at install time so PREFIX/LIBDIR given to
+# `make install` are the ones recorded.
+define kvt_pc
+	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@LIBDIR@|$(LIBDIR)|g' \
+	    -e 's|@INCLUDEDIR@|$(INCLUDEDIR)|g' -e 's|@VERSION@|$(VERSION)|g' \
+	    -e 's|@LIBS_PRIVATE@|$(strip $(CUDA_LIBS) -lm -lpthread)|g' pkgconfig/kvtier.pc.in > $(1)
+endef
+$(O)/lib/kvtier.pc: pkgconfig/kvtier.pc.in Makefile
+	@mkdir -p $(dir $@)
+	$(call kvt_pc,$@)
+
+$(O)/bin/kvtier-pool-demo: examples/pool-demo/pool_demo.c $(LIB_SO)
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 -D_GNU_SOURCE -Iinclude $(WARN) $(SANFLAGS) $(CFLAGS) $< -o $@ \
+	  -L$(O)/lib -lkvtier $(PROG_RPATH) $(LDFLAGS) -lm
+
+# ---- tests ------------------------------------------------------------------
+TEST_CFLAGS = -std=c11 -D_GNU_SOURCE -Iinclude -Ilib/core $(WARN) -Wno-conversion -pthread \
+              -DKVT_TEST_EXPECT_CUDA=$(CUDA) \
+              $(SANFLAGS) $(CMOCKA_CFLAGS) $(CFLAGS)
+
+$(addprefix $(O)/tests/,$(TESTS_SHARED)): $(O)/tests/%: tests/%.c tests/testutil.h $(LIB_SO)
+	@mkdir -p $(dir $@)
+	$(CC) $(TEST_CFLAGS) $(TEST_EXTRA) $< -o $@ -L$(O)/lib -lkvtier \
+	  -Wl,-rpath,'$$ORIGIN/../lib' $(CMOCKA_LIBS) $(LDFLAGS) -lm
+
+$(addprefix $(O)/tests/,$(TESTS_STATIC)): $(O)/tests/%: tests/%.c tests/testutil.h $(LIB_A)
+	@mkdir -p $(dir $@)
+	$(CC) $(TEST_CFLAGS) $< -o $@ $(LIB_A) $(CMOCKA_LIBS) $(LIB_LDLIBS) $(LDFLAGS)
+
+# The public headers must compile as strict C11 and as C++17, warnings fatal.
+$(O)/tests/test_c_headers: TEST_EXTRA = -Wpedantic -Werror
+$(O)/tests/test_cxx_headers: tests/test_cxx_headers.cpp $(wildcard include/kvtier/*.h) $(LIB_SO)
+	@mkdir -p $(dir $@)
+	$(CXX) -std=c++17 -Iinclude -Wall -Wextra -Wpedantic -Werror $(SANFLAGS) $(CXXFLAGS) \
+	  $< -o $@ -L$(O)/lib -lkvtier -Wl,-rpath,'$$ORIGIN/../lib' $(CMOCKA_LIBS) $(LDFLAGS)
+
+check: all $(TEST_BINS)
+	@O=$(O) VALGRIND="$(VALGRIND)" MAKE="$(MAKE)" CC="$(CC)" CXX="$(CXX)" \
+	  sh tests/run.sh $(TEST_BINS) $(if $(VALGRIND)$(SAN),,$(TEST_SCRIPTS))
+
+check-asan:
+	$(MAKE) O=$(O)/asan SAN=1 CUDA=0 check
+
+check-valgrind:
+	@command -v valgrind >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then apt-get install -y -q valgrind; \
+	  else echo "kvtier: run: sudo apt-get install -y valgrind"; exit 1; fi; }
+	$(MAKE) O=$(O) check VALGRIND="valgrind -q --error-exitcode=1 --leak-check=full \
+	  --show-leak-kinds=definite,indirect,possible --errors-for-leak-kinds=definite,indirect,possible"
+
+# CI: make sure cuda/ compiles whenever nvcc exists.
+cuda-compile:
+	@if [ -n "$(NVCC)" ]; then $(MAKE) O=$(O) CUDA=1 lib && echo "cuda-compile: ok ($(NVCC))"; \
+	 else echo "cuda-compile: nvcc not found, skipped"; fi
+
+demo: $(O)/bin/kvtier-pool-demo
+	$(O)/bin/kvtier-pool-demo
+
+# ---- install ------------------------------------------------------------------
+install: all
+	install -d $(DESTDIR)$(LIBDIR) $(DESTDIR)$(INCLUDEDIR)/kvtier $(DESTDIR)$(PKGCONFIGDIR) \
+	  $(DESTDIR)$(MANDIR)/man3 $(DESTDIR)$(MANDIR)/man7 $(DESTDIR)$(BINDIR)
+	install -m 644 include/kvtier/*.h $(DESTDIR)$(INCLUDEDIR)/kvtier/
+	install -m 755 $(LIB_SO) $(DESTDIR)$(LIBDIR)/
+	ln -sf $(SOFILE) $(DESTDIR)$(LIBDIR)/$(SONAME)
+	ln -sf $(SONAME) $(DESTDIR)$(LIBDIR)/$(LIBNAME).so
+	install -m 644 $(LIB_A) $(DESTDIR)$(LIBDIR)/
+	$(call kvt_pc,$(DESTDIR)$(PKGCONFIGDIR)/kvtier.pc)
+	install -m 644 man/man3/*.3 $(DESTDIR)$(MANDIR)/man3/
+	install -m 644 man/man7/*.7 $(DESTDIR)$(MANDIR)/man7/
+	install -m 755 $(PROGS) $(DESTDIR)$(BINDIR)/
+
+uninstall:
+	rm -f $(DESTDIR)$(LIBDIR)/$(SOFILE) $(DESTDIR)$(LIBDIR)/$(SONAME) \
+	  $(DESTDIR)$(LIBDIR)/$(LIBNAME).so $(DESTDIR)$(LIBDIR)/$(LIBNAME).a \
+	  $(DESTDIR)$(PKGCONFIGDIR)/kvtier.pc
+	rm -rf $(DESTDIR)$(INCLUDEDIR)/kvtier
+	for f in man/man3/*.3; do rm -f $(DESTDIR)$(MANDIR)/man3/$${f##*/}; done
+	for f in man/man7/*.7; do rm -f $(DESTDIR)$(MANDIR)/man7/$${f##*/}; done
+	for f in $(PROGS); do rm -f $(DESTDIR)$(BINDIR)/$${f##*/}; done
+
+clean distclean:
+	rm -rf $(O)
+
+help:
+	@sed -n '2,9p' Makefile

@@ -1,0 +1,13 @@
+/* libkvtier - tiered KV cache and sparse decode attention for LLM inference.
+ *
+ * The umbrella header: include this one. See kvtier(7) for the model
+ * (tiers, handles, step flow, thread safety, errors).
+ */
+#ifndef KVTIER_KVTIER_H
+#define KVTIER_KVTIER_H
+
+#include "kvtier/common.h"
+#include "kvtier/version.h"
+#include "kvtier/pool.h"
+
+#endif /* KVTIER_KVTIER_H */

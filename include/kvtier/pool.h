@@ -1,0 +1,187 @@
+/* libkvtier - the KV pool: tier memory, sequences, block tables, append.
+ *
+ * Thread safety: a kvt_pool and its sequences are used by one thread at a
+ * time (the caller serialises); distinct pools are independent.
+ */
+#ifndef KVTIER_POOL_H
+#define KVTIER_POOL_H
+
+#include "kvtier/common.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct kvt_pool kvt_pool; /* opaque */
+
+/* A sequence is named by an id, not a pointer, so that using a released
+ * sequence is detected (KVT_ENOENT) instead of touching freed memory. */
+typedef uint64_t kvt_seq_id;
+#define KVT_SEQ_NONE ((kvt_seq_id)0)
+
+/* Where the host arena lives (kvt_pool_opts.host_numa). */
+typedef uint32_t kvt_numa_policy;
+#define KVT_NUMA_LOCAL      0u /* the calling thread's node */
+#define KVT_NUMA_NODE       1u /* node host_numa_node */
+#define KVT_NUMA_INTERLEAVE 2u /* pages interleaved over all nodes */
+
+/* kvt_pool_opts.flags */
+#define KVT_POOL_HUGEPAGES (1u << 0) /* madvise(MADV_HUGEPAGE) the host arena
+                                        (the CPU backend's device arena and the
+                                        metadata store always ask for them) */
+
+/* Limits of the options. */
+#define KVT_MAX_SEQS_DEFAULT       1024u
+#define KVT_MAX_SEQ_TOKENS_DEFAULT (1u << 20)
+#define KVT_MAX_SEQS_LIMIT         (1u << 20)
+#define KVT_MAX_SEQ_TOKENS_LIMIT   (1u << 30)
+
+typedef struct kvt_pool_opts {
+    uint32_t struct_size;        /* sizeof(kvt_pool_opts) */
+    kvt_backend backend;         /* KVT_BACKEND_* */
+    kvt_geometry geom;           /* the model's KV shape (required) */
+    uint64_t device_bytes;       /* device tier capacity (required); rounded
+                                    down to whole blocks, block 0 of which
+                                    is the null block */
+    uint64_t host_bytes;         /* host tier capacity; 0 = no host tier,
+                                    else at least two blocks */
+    uint64_t disk_bytes;         /* disk tier capacity; 0 = no disk tier */
+    const char *disk_dir;        /* existing directory for the disk tier */
+    kvt_numa_policy host_numa;   /* KVT_NUMA_* */
+    int32_t host_numa_node;      /* node for KVT_NUMA_NODE */
+    uint32_t max_seqs;           /* live sequences at once; 0 = default */
+    uint32_t max_seq_tokens;     /* default per-sequence limit; 0 = default */
+    uint32_t n_threads;          /* worker threads, <= 1024; 0 = online CPUs */
+    uint32_t flags;              /* KVT_POOL_* */
+    int32_t cuda_device;         /* device ordinal for the CUDA backend */
+    uint32_t reserved0;          /* must be zero */
+} kvt_pool_opts;
+
+/* Positional form for C; C++ code should call kvt_pool_opts_init(). */
+#define KVT_POOL_OPTS_INIT { (uint32_t)sizeof(kvt_pool_opts), 0, {0, 0, 0, 0, 0, 0, {0, 0}}, \
+                             0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
+
+/* Fills *opts with the defaults, written out (page_tokens 16, f16, the
+ * sequence limits); n_layers, n_kv_heads, head_dim and device_bytes stay 0
+ * and must be set by the caller. Returns KVT_EINVAL if opts is NULL. */
+KVT_API int kvt_pool_opts_init(kvt_pool_opts *opts);
+
+/* Creates a pool. Allocates the device tier (a DRAM arena on the CPU
+ * backend), the host tier (libnuma arena) and the metadata store. */
+KVT_API int kvt_pool_create(kvt_pool **out, const kvt_pool_opts *opts);
+/* Releases every sequence and all memory. Accepts NULL. */
+KVT_API void kvt_pool_destroy(kvt_pool *pool);
+/* The pool's geometry with defaults resolved. */
+KVT_API int kvt_pool_geometry(const kvt_pool *pool, kvt_geometry *out);
+
+/* Per-tier occupancy. */
+typedef struct kvt_tier_stats {
+    uint64_t blocks_total; /* usable blocks (the null block excluded) */
+    uint64_t blocks_used;
+    uint64_t blocks_free;
+    uint64_t bytes_total;  /* blocks_total * block_bytes */
+    uint64_t bytes_used;
+    uint64_t pages;        /* pages that have a copy in this tier */
+} kvt_tier_stats;
+
+/* Directions of page movement (kvt_stats.moved_*). */
+#define KVT_DIR_DEVICE_TO_HOST 0u
+#define KVT_DIR_HOST_TO_DEVICE 1u
+#define KVT_DIR_HOST_TO_DISK   2u
+#define KVT_DIR_DISK_TO_HOST   3u
+#define KVT_NUM_DIRS           4u
+
+typedef struct kvt_stats {
+    uint32_t struct_size;       /* set by the caller */
+    kvt_backend backend;        /* the backend in use */
+    uint64_t block_bytes;       /* bytes of one block */
+    uint64_t meta_bytes_total;  /* metadata store (device tier) */
+    uint64_t meta_pages_total;  /* pages the metadata store can describe */
+    uint64_t meta_pages_used;
+    uint64_t n_seqs;            /* live sequences */
+    uint64_t n_tokens;          /* sum of live sequences' lengths */
+    kvt_tier_stats tier[KVT_NUM_TIERS];
+    uint64_t moved_bytes[KVT_NUM_DIRS];
+    uint64_t moved_requests[KVT_NUM_DIRS];
+} kvt_stats;
+
+/* Fills the first stats->struct_size bytes of *stats. */
+KVT_API int kvt_pool_stats(const kvt_pool *pool, kvt_stats *stats);
+
+/* Verifies every internal invariant: block tables, free lists, residency,
+ * metadata slots, counters, and that each page of each live sequence is
+ * present in at least one tier. Returns 0 or KVT_EINTERNAL (the message
+ * says what is wrong). Costs O(pool size); meant for tests and debugging. */
+KVT_API int kvt_pool_check(const kvt_pool *pool);
+
+/* ---- Sequences -------------------------------------------------------- */
+typedef struct kvt_seq_opts {
+    uint32_t struct_size;  /* sizeof(kvt_seq_opts) */
+    uint32_t max_tokens;   /* token limit; 0 = the pool's max_seq_tokens */
+    uint64_t user_data;    /* opaque, reported by kvt_seq_info */
+} kvt_seq_opts;
+
+#define KVT_SEQ_OPTS_INIT { (uint32_t)sizeof(kvt_seq_opts), 0, 0 }
+KVT_API int kvt_seq_opts_init(kvt_seq_opts *opts);
+
+/* Creates an empty sequence; opts may be NULL for the defaults. */
+KVT_API int kvt_seq_create(kvt_pool *pool, const kvt_seq_opts *opts, kvt_seq_id *out);
+/* Frees every page of the sequence in every tier. The id becomes invalid. */
+KVT_API int kvt_seq_release(kvt_pool *pool, kvt_seq_id seq);
+
+/* Appends n_tokens tokens of one layer: k and v hold, for each token,
+ * n_kv_heads rows of head_dim elements of type src_dtype; token t of head
+ * h starts at element t * token_stride + h * head_dim (token_stride 0 =
+ * n_kv_heads * head_dim, i.e. dense). Values are converted to the pool's
+ * dtype (round to nearest even) and the per-page key metadata is updated.
+ * n_tokens == 1 is the decode append; larger counts are prefill.
+ * All-or-nothing: on failure nothing of the call is stored. */
+KVT_API int kvt_seq_append(kvt_pool *pool, kvt_seq_id seq, uint32_t layer,
+                           const void *k, const void *v, uint32_t n_tokens,
+                           kvt_dtype src_dtype, uint64_t token_stride);
+
+typedef struct kvt_seq_info {
+    uint32_t struct_size;       /* set by the caller */
+    uint32_t max_tokens;
+    uint32_t n_tokens;          /* tokens present in every layer */
+    uint32_t n_tokens_max;      /* tokens of the most advanced layer */
+    uint64_t user_data;
+    uint64_t pages;             /* pages over all layers and KV heads */
+    uint64_t pages_in_tier[KVT_NUM_TIERS];
+} kvt_seq_info;
+KVT_API int kvt_seq_info_get(const kvt_pool *pool, kvt_seq_id seq, kvt_seq_info *info);
+
+/* Tokens appended to one layer of the sequence. */
+KVT_API int kvt_seq_length(const kvt_pool *pool, kvt_seq_id seq, uint32_t layer,
+                           uint32_t *n_tokens);
+
+/* Copies n_pages entries of the block table of (seq, layer, kv_head),
+ * starting at logical page first_page: the device block of each page
+ * (0 = the null block: not on device), its host block (0 = none) and its
+ * residency bits (KVT_RES_*). Any output pointer may be NULL. */
+KVT_API int kvt_seq_block_table(const kvt_pool *pool, kvt_seq_id seq, uint32_t layer,
+                                uint32_t kv_head, uint32_t first_page, uint32_t n_pages,
+                                uint32_t *device_blocks, uint32_t *host_blocks,
+                                uint8_t *residency);
+
+/* Copies the stored K and V rows of tokens [first_token, first_token +
+ * n_tokens) of (seq, layer, kv_head), in the pool's dtype, as
+ * [n_tokens][head_dim] each, from whichever tier holds them. k_out or
+ * v_out may be NULL. */
+KVT_API int kvt_seq_read_kv(const kvt_pool *pool, kvt_seq_id seq, uint32_t layer,
+                            uint32_t kv_head, uint32_t first_token, uint32_t n_tokens,
+                            void *k_out, void *v_out);
+
+/* The key metadata of one page, widened to f32: per-dimension minimum
+ * (stored rounded toward -inf), maximum (rounded toward +inf) and mean
+ * (rounded to nearest) of the page's keys. Each output holds head_dim
+ * floats; any may be NULL. */
+KVT_API int kvt_seq_page_meta(const kvt_pool *pool, kvt_seq_id seq, uint32_t layer,
+                              uint32_t kv_head, uint32_t page,
+                              float *kmin, float *kmax, float *kmean);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KVTIER_POOL_H */

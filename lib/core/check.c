@@ -1,0 +1,215 @@
+/* kvt_pool_check: an independent walk over everything the pool keeps, so
+ * that tests can prove the invariants after every operation. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+typedef struct {
+    uint8_t *owned; /* per block: 1 = referenced by a page, 2 = on the free list */
+} kvt__mark;
+
+static int kvt__mark_init(kvt__mark *m, const kvt__arena *a)
+{
+    m->owned = calloc(a->n_blocks ? a->n_blocks : 1u, 1);
+    return m->owned ? 0 : kvt__err(KVT_ENOMEM, "kvt_pool_check: cannot allocate a bitmap");
+}
+
+/* Free ids: the never-used range [bump, n) plus the stack of freed ids,
+ * which must lie in 1..bump-1 without duplicates. */
+static int kvt__check_free(const kvt__arena *a, kvt__mark *m, const char *name)
+{
+    if (a->bump < 1 || a->bump > a->n_blocks ||
+        a->n_free != a->n_stack + (a->n_blocks - a->bump))
+        return kvt__err(KVT_EINTERNAL, "%s: free count %u does not match bump %u and %u "
+                        "freed ids (of %u blocks)", name, a->n_free, a->bump, a->n_stack,
+                        a->n_blocks);
+    for (uint32_t i = 0; i < a->n_stack; i++) {
+        uint32_t id = a->stack[i];
+        if (id == 0 || id >= a->bump)
+            return kvt__err(KVT_EINTERNAL, "%s: free list holds block %u (bump %u)", name, id,
+                            a->bump);
+        if (m->owned[id])
+            return kvt__err(KVT_EINTERNAL, "%s: block %u is on the free list twice", name, id);
+        m->owned[id] = 2;
+    }
+    for (uint32_t id = a->bump; id < a->n_blocks; id++)
+        m->owned[id] = 2;
+    return 0;
+}
+
+static int kvt__claim(const kvt__arena *a, kvt__mark *m, uint32_t id, const char *name,
+                      uint32_t si, uint32_t l, uint32_t h, uint32_t pg)
+{
+    if (id == 0 || id >= a->n_blocks)
+        return kvt__err(KVT_EINTERNAL, "%s: seq slot %u layer %u head %u page %u points at "
+                        "block %u (of %u)", name, si, l, h, pg, id, a->n_blocks);
+    if (m->owned[id] == 2)
+        return kvt__err(KVT_EINTERNAL, "%s: block %u of seq slot %u layer %u head %u page %u "
+                        "is also on the free list", name, id, si, l, h, pg);
+    if (m->owned[id] == 1)
+        return kvt__err(KVT_EINTERNAL, "%s: block %u is used by two pages (one is seq slot "
+                        "%u layer %u head %u page %u)", name, id, si, l, h, pg);
+    m->owned[id] = 1;
+    return 0;
+}
+
+static int kvt__check_accounted(const kvt__arena *a, const kvt__mark *m, const char *name)
+{
+    for (uint32_t id = 1; id < a->n_blocks; id++)
+        if (!m->owned[id])
+            return kvt__err(KVT_EINTERNAL, "%s: block %u is neither free nor used (leaked)",
+                            name, id);
+    return 0;
+}
+
+static int kvt__null_block_zero(const kvt__arena *a, const char *name)
+{
+    const uint8_t *b = kvt__arena_block(a, 0);
+    for (uint64_t i = 0; i < a->block_bytes; i++)
+        if (b[i])
+            return kvt__err(KVT_EINTERNAL, "%s: the null block was written (byte %llu)", name,
+                            (unsigned long long)i);
+    return 0;
+}
+
+static int kvt__check_seq(const kvt_pool *p, uint32_t si, kvt__mark *marks, kvt__mark *meta,
+                          uint64_t *pages_in_tier)
+{
+    const kvt__seq *s = &p->seqs[si];
+    static const char *const names[KVT_NUM_TIERS] = {"device tier", "host tier", "disk tier"};
+    uint64_t mine[KVT_NUM_TIERS] = {0, 0, 0};
+    int rc;
+    for (uint32_t l = 0; l < p->g.n_layers; l++) {
+        if (s->n_tokens[l] > s->max_tokens)
+            return kvt__err(KVT_EINTERNAL, "seq slot %u layer %u: %u tokens above its limit %u",
+                            si, l, s->n_tokens[l], s->max_tokens);
+        uint32_t n_pages = kvt__pages_for(p, s->n_tokens[l]);
+        if (n_pages > s->cap_pages)
+            return kvt__err(KVT_EINTERNAL, "seq slot %u layer %u: %u pages, table holds %u", si,
+                            l, n_pages, s->cap_pages);
+        for (uint32_t h = 0; h < p->g.n_kv_heads; h++) {
+            size_t base = kvt__lh(p, l, h) * s->cap_pages;
+            for (uint32_t pg = 0; pg < s->cap_pages; pg++) {
+                size_t e = base + pg;
+                uint8_t r = s->res[e];
+                if (pg >= n_pages) {
+                    /* Past the layer's end every entry must still be empty. */
+                    if (r || s->dev_block[e] || s->host_block[e] || s->meta_slot[e])
+                        return kvt__err(KVT_EINTERNAL, "seq slot %u layer %u head %u: entry "
+                                        "%u past the last page %u is not empty", si, l, h, pg,
+                                        n_pages);
+                    continue;
+                }
+                if ((r & (KVT_RES_DEVICE | KVT_RES_HOST | KVT_RES_DISK)) == 0)
+                    return kvt__err(KVT_EINTERNAL, "seq slot %u layer %u head %u page %u is "
+                                    "in no tier (data lost)", si, l, h, pg);
+                if (r & ~(KVT_RES_DEVICE | KVT_RES_HOST | KVT_RES_DISK))
+                    return kvt__err(KVT_EINTERNAL, "seq slot %u layer %u head %u page %u: "
+                                    "unknown residency bits 0x%x", si, l, h, pg, r);
+                for (uint32_t t = 0; t < KVT_NUM_TIERS; t++)
+                    if (r & (1u << t)) {
+                        if (!p->has_tier[t])
+                            return kvt__err(KVT_EINTERNAL, "seq slot %u page %u claims the "
+                                            "%s, which the pool does not have", si, pg,
+                                            names[t]);
+                        mine[t]++;
+                    }
+                if (r & KVT_RES_DEVICE) {
+                    rc = kvt__claim(&p->tier[KVT_TIER_DEVICE], &marks[KVT_TIER_DEVICE],
+                                    s->dev_block[e], names[0], si, l, h, pg);
+                    if (rc)
+                        return rc;
+                } else if (s->dev_block[e] != 0) {
+                    return kvt__err(KVT_EINTERNAL, "seq slot %u layer %u head %u page %u: "
+                                    "off device but its table entry is block %u, not null",
+                                    si, l, h, pg, s->dev_block[e]);
+                }
+                if (r & KVT_RES_HOST) {
+                    rc = kvt__claim(&p->tier[KVT_TIER_HOST], &marks[KVT_TIER_HOST],
+                                    s->host_block[e], names[1], si, l, h, pg);
+                    if (rc)
+                        return rc;
+                } else if (s->host_block[e] != 0) {
+                    return kvt__err(KVT_EINTERNAL, "seq slot %u layer %u head %u page %u: "
+                                    "not in host but has host block %u", si, l, h, pg,
+                                    s->host_block[e]);
+                }
+                rc = kvt__claim(&p->meta, meta, s->meta_slot[e], "metadata store", si, l, h, pg);
+                if (rc)
+                    return rc;
+            }
+        }
+    }
+    for (uint32_t t = 0; t < KVT_NUM_TIERS; t++) {
+        if (mine[t] != s->pages_in_tier[t])
+            return kvt__err(KVT_EINTERNAL, "seq slot %u: counts %llu pages in the %s, tables "
+                            "hold %llu", si, (unsigned long long)s->pages_in_tier[t], names[t],
+                            (unsigned long long)mine[t]);
+        pages_in_tier[t] += mine[t];
+    }
+    return 0;
+}
+
+KVT_API int kvt_pool_check(const kvt_pool *pool)
+{
+    KVT__CHECK_NULL(pool);
+    static const char *const names[KVT_NUM_TIERS] = {"device tier", "host tier", "disk tier"};
+    kvt__mark marks[KVT_NUM_TIERS] = {{NULL}, {NULL}, {NULL}}, meta = {NULL};
+    uint64_t pages[KVT_NUM_TIERS] = {0, 0, 0};
+    int rc = 0;
+
+    for (uint32_t t = 0; t < KVT_NUM_TIERS && !rc; t++)
+        if (pool->has_tier[t]) {
+            rc = kvt__mark_init(&marks[t], &pool->tier[t]);
+            if (!rc)
+                rc = kvt__check_free(&pool->tier[t], &marks[t], names[t]);
+            if (!rc)
+                rc = kvt__null_block_zero(&pool->tier[t], names[t]);
+        }
+    if (!rc)
+        rc = kvt__mark_init(&meta, &pool->meta);
+    if (!rc)
+        rc = kvt__check_free(&pool->meta, &meta, "metadata store");
+
+    /* Sequence slots: the free stack and the live flags must partition them. */
+    uint32_t live = 0;
+    uint8_t *slot_free = rc ? NULL : calloc(pool->max_seqs, 1);
+    if (!rc && !slot_free)
+        rc = kvt__err(KVT_ENOMEM, "kvt_pool_check: cannot allocate a bitmap");
+    for (uint32_t i = 0; !rc && i < pool->n_free_seq; i++) {
+        uint32_t si = pool->free_seq[i];
+        if (si >= pool->max_seqs || slot_free[si] || pool->seqs[si].live)
+            rc = kvt__err(KVT_EINTERNAL, "sequence free list: bad or live slot %u", si);
+        else
+            slot_free[si] = 1;
+    }
+    for (uint32_t si = 0; !rc && si < pool->max_seqs; si++) {
+        if (!pool->seqs[si].live) {
+            if (!slot_free[si])
+                rc = kvt__err(KVT_EINTERNAL, "sequence slot %u is neither live nor free", si);
+            continue;
+        }
+        live++;
+        rc = kvt__check_seq(pool, si, marks, &meta, pages);
+    }
+    if (!rc && live != pool->n_live)
+        rc = kvt__err(KVT_EINTERNAL, "pool counts %u live sequences, slots hold %u",
+                      pool->n_live, live);
+    for (uint32_t t = 0; t < KVT_NUM_TIERS && !rc; t++) {
+        if (pool->has_tier[t])
+            rc = kvt__check_accounted(&pool->tier[t], &marks[t], names[t]);
+        if (!rc && pages[t] != pool->pages_in_tier[t])
+            rc = kvt__err(KVT_EINTERNAL, "%s: pool counts %llu pages, sequences hold %llu",
+                          names[t], (unsigned long long)pool->pages_in_tier[t],
+                          (unsigned long long)pages[t]);
+    }
+    if (!rc)
+        rc = kvt__check_accounted(&pool->meta, &meta, "metadata store");
+
+    free(slot_free);
+    free(meta.owned);
+    for (uint32_t t = 0; t < KVT_NUM_TIERS; t++)
+        free(marks[t].owned);
+    return rc;
+}

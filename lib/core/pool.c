@@ -1,0 +1,266 @@
+/* The KV pool: options, tier arenas, the metadata store and stats. */
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+/* The first released layout: smaller struct_size values are rejected. */
+#define KVT__POOL_OPTS_V1 sizeof(kvt_pool_opts)
+#define KVT__POOL_STATS_V1 sizeof(kvt_stats)
+#define KVT__KNOWN_POOL_FLAGS (KVT_POOL_HUGEPAGES)
+
+KVT_API int kvt_pool_opts_init(kvt_pool_opts *opts)
+{
+    KVT__CHECK_NULL(opts);
+    memset(opts, 0, sizeof *opts);
+    opts->struct_size = (uint32_t)sizeof *opts;
+    opts->backend = KVT_BACKEND_AUTO;
+    opts->geom.page_tokens = 16;
+    opts->geom.dtype = KVT_DTYPE_F16;
+    opts->host_numa = KVT_NUMA_LOCAL;
+    opts->max_seqs = KVT_MAX_SEQS_DEFAULT;
+    opts->max_seq_tokens = KVT_MAX_SEQ_TOKENS_DEFAULT;
+    return 0;
+}
+
+/* Turns a byte capacity into a block count that fits the 32-bit block ids. */
+static int kvt__blocks_for(uint64_t bytes, uint64_t block_bytes, const char *field,
+                           uint32_t *out)
+{
+    uint64_t n = bytes / block_bytes;
+    if (n > UINT32_MAX - 1u)
+        return kvt__err(KVT_EOVERFLOW,
+                        "%s: %llu bytes are %llu blocks of %llu bytes; at most %u fit "
+                        "32-bit block ids",
+                        field, (unsigned long long)bytes, (unsigned long long)n,
+                        (unsigned long long)block_bytes, UINT32_MAX - 1u);
+    if (n < 2)
+        return kvt__err(KVT_EINVAL,
+                        "%s: %llu bytes hold %llu blocks of %llu bytes; at least 2 are "
+                        "needed (block 0 is the null block)",
+                        field, (unsigned long long)bytes, (unsigned long long)n,
+                        (unsigned long long)block_bytes);
+    *out = (uint32_t)n;
+    return 0;
+}
+
+static int kvt__validate_opts(const kvt_pool_opts *o, kvt_pool *p)
+{
+    int rc = kvt__geometry_resolve(&o->geom, &p->g);
+    if (rc)
+        return rc;
+    if (o->backend > KVT_BACKEND_CUDA)
+        return kvt__err(KVT_EINVAL, "opts->backend: unknown backend %u", o->backend);
+    if (o->flags & ~KVT__KNOWN_POOL_FLAGS)
+        return kvt__err(KVT_EINVAL, "opts->flags: unknown bits 0x%x",
+                        o->flags & ~KVT__KNOWN_POOL_FLAGS);
+    if (o->reserved0)
+        return kvt__err(KVT_EINVAL, "opts->reserved0: must be zero");
+    if (o->host_numa > KVT_NUMA_INTERLEAVE)
+        return kvt__err(KVT_EINVAL, "opts->host_numa: unknown policy %u", o->host_numa);
+    if (o->host_numa == KVT_NUMA_NODE &&
+        (o->host_numa_node < 0 || o->host_numa_node > kvt__numa_max_node()))
+        return kvt__err(KVT_EINVAL, "opts->host_numa_node: node %d does not exist (0..%d)",
+                        o->host_numa_node, kvt__numa_max_node());
+    p->max_seqs = o->max_seqs ? o->max_seqs : KVT_MAX_SEQS_DEFAULT;
+    if (p->max_seqs > KVT_MAX_SEQS_LIMIT)
+        return kvt__err(KVT_EINVAL, "opts->max_seqs: %u is above the limit %u", o->max_seqs,
+                        KVT_MAX_SEQS_LIMIT);
+    p->max_seq_tokens = o->max_seq_tokens ? o->max_seq_tokens : KVT_MAX_SEQ_TOKENS_DEFAULT;
+    if (p->max_seq_tokens > KVT_MAX_SEQ_TOKENS_LIMIT)
+        return kvt__err(KVT_EINVAL, "opts->max_seq_tokens: %u is above the limit %u",
+                        o->max_seq_tokens, KVT_MAX_SEQ_TOKENS_LIMIT);
+    if (o->n_threads > 1024)
+        return kvt__err(KVT_EINVAL, "opts->n_threads: %u is above the limit 1024",
+                        o->n_threads);
+    if (o->device_bytes == 0)
+        return kvt__err(KVT_EINVAL, "opts->device_bytes: must be set (the device tier size)");
+    if ((o->disk_bytes != 0) != (o->disk_dir != NULL))
+        return kvt__err(KVT_EINVAL, "%s", o->disk_dir ? "opts->disk_bytes: 0 with disk_dir set"
+                                                      : "opts->disk_dir: NULL with disk_bytes set");
+    if (o->disk_dir) {
+        struct stat st;
+        if (stat(o->disk_dir, &st) != 0 || !S_ISDIR(st.st_mode))
+            return kvt__err(KVT_EINVAL, "opts->disk_dir: '%s' is not an existing directory",
+                            o->disk_dir);
+    }
+    return 0;
+}
+
+KVT_API int kvt_pool_create(kvt_pool **out, const kvt_pool_opts *opts)
+{
+    kvt_pool_opts o;
+    uint32_t n_dev = 0, n_host = 0;
+    int rc;
+
+    KVT__CHECK_NULL(out);
+    *out = NULL;
+    KVT__CHECK_NULL(opts);
+    rc = kvt__opts_copy(&o, sizeof o, opts, KVT__POOL_OPTS_V1, "opts");
+    if (rc)
+        return rc;
+
+    kvt_pool *p = calloc(1, sizeof *p);
+    if (!p)
+        return kvt__err(KVT_ENOMEM, "kvt_pool_create: cannot allocate the pool");
+    rc = kvt__validate_opts(&o, p);
+    if (rc)
+        goto fail;
+
+    p->elem = kvt_dtype_size(p->g.dtype);
+    p->block_bytes = 2ull * p->g.page_tokens * p->g.head_dim * p->elem;
+    p->meta_bytes = 3ull * p->g.head_dim * p->elem;
+    p->n_q_heads = p->g.n_q_heads;
+    p->flags = o.flags;
+    p->n_threads = o.n_threads;
+    if (p->n_threads == 0) {
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        p->n_threads = n > 0 ? (uint32_t)n : 1u;
+    }
+
+    rc = kvt__blocks_for(o.device_bytes, p->block_bytes, "opts->device_bytes", &n_dev);
+    if (rc)
+        goto fail;
+    if (o.host_bytes) {
+        rc = kvt__blocks_for(o.host_bytes, p->block_bytes, "opts->host_bytes", &n_host);
+        if (rc)
+            goto fail;
+    }
+    /* Every page has a copy in some tier, so the usable blocks of all tiers
+     * bound the number of pages the metadata store must describe. */
+    uint64_t meta_slots = 1ull + (n_dev - 1u) + (n_host ? n_host - 1u : 0u);
+    if (meta_slots > UINT32_MAX) {
+        rc = kvt__err(KVT_EOVERFLOW, "opts->host_bytes: device and host tiers together "
+                      "exceed 2^32 blocks");
+        goto fail;
+    }
+
+    switch (o.backend) {
+    case KVT_BACKEND_CUDA:
+        rc = kvt__cuda_pool_init(o.cuda_device);
+        if (rc)
+            goto fail;
+        break;
+    default: /* AUTO resolves to CPU until the CUDA backend has kernels */
+        p->backend = KVT_BACKEND_CPU;
+        break;
+    }
+
+    if (o.disk_dir) {
+        rc = kvt__err(KVT_ENOTSUP, "opts->disk_dir: the disk tier is implemented by the tier "
+                      "mover, which this release (%s) does not have yet",
+                      kvt_version_string());
+        goto fail;
+    }
+
+    /* The CPU backend's device tier is what sparse decode reads at random
+     * across gigabytes: huge pages spare the TLB and the page-fault cost. */
+    kvt__arena_place dev_place = {.hugepages = true};
+    rc = kvt__arena_init(&p->tier[KVT_TIER_DEVICE], p->block_bytes, n_dev, &dev_place,
+                         "opts->device_bytes");
+    if (rc)
+        goto fail;
+    p->has_tier[KVT_TIER_DEVICE] = true;
+    if (n_host) {
+        kvt__arena_place host_place = {.numa = o.host_numa,
+                                       .node = o.host_numa_node,
+                                       .hugepages = (o.flags & KVT_POOL_HUGEPAGES) != 0,
+                                       .use_numa = true};
+        rc = kvt__arena_init(&p->tier[KVT_TIER_HOST], p->block_bytes, n_host, &host_place,
+                             "opts->host_bytes");
+        if (rc)
+            goto fail;
+        p->has_tier[KVT_TIER_HOST] = true;
+    }
+    rc = kvt__arena_init(&p->meta, p->meta_bytes, (uint32_t)meta_slots, &dev_place,
+                         "metadata store");
+    if (rc)
+        goto fail;
+
+    p->seqs = calloc(p->max_seqs, sizeof *p->seqs);
+    p->free_seq = malloc((size_t)p->max_seqs * sizeof *p->free_seq);
+    p->scratch = malloc((size_t)(p->g.page_tokens + 1) * p->g.head_dim * sizeof(float));
+    if (!p->seqs || !p->free_seq || !p->scratch) {
+        rc = kvt__err(KVT_ENOMEM, "kvt_pool_create: cannot allocate %u sequence slots",
+                      p->max_seqs);
+        goto fail;
+    }
+    for (uint32_t i = p->max_seqs; i-- > 0;)
+        p->free_seq[p->n_free_seq++] = i;
+    *out = p;
+    return 0;
+
+fail:
+    kvt_pool_destroy(p);
+    return rc;
+}
+
+KVT_API void kvt_pool_destroy(kvt_pool *p)
+{
+    if (!p)
+        return;
+    if (p->seqs)
+        for (uint32_t i = 0; i < p->max_seqs; i++)
+            kvt__seq_fini(&p->seqs[i]);
+    for (uint32_t t = 0; t < KVT_NUM_TIERS; t++)
+        kvt__arena_fini(&p->tier[t]);
+    kvt__arena_fini(&p->meta);
+    free(p->seqs);
+    free(p->free_seq);
+    free(p->scratch);
+    free(p);
+}
+
+KVT_API int kvt_pool_geometry(const kvt_pool *pool, kvt_geometry *out)
+{
+    KVT__CHECK_NULL(pool);
+    KVT__CHECK_NULL(out);
+    *out = pool->g;
+    return 0;
+}
+
+KVT_API int kvt_pool_stats(const kvt_pool *pool, kvt_stats *stats)
+{
+    kvt_stats s;
+    size_t fill;
+    KVT__CHECK_NULL(pool);
+    KVT__CHECK_NULL(stats);
+    int rc = kvt__out_struct(stats, sizeof s, KVT__POOL_STATS_V1, "stats", &fill);
+    if (rc)
+        return rc;
+    memset(&s, 0, sizeof s);
+    s.struct_size = stats->struct_size;
+    s.backend = pool->backend;
+    s.block_bytes = pool->block_bytes;
+    s.meta_bytes_total = (uint64_t)pool->meta.n_blocks * pool->meta_bytes;
+    s.meta_pages_total = pool->meta.n_blocks - 1u;
+    s.meta_pages_used = s.meta_pages_total - pool->meta.n_free;
+    s.n_seqs = pool->n_live;
+    for (uint32_t i = 0; i < pool->max_seqs; i++) {
+        const kvt__seq *q = &pool->seqs[i];
+        if (!q->live)
+            continue;
+        uint32_t m = q->n_tokens[0];
+        for (uint32_t l = 1; l < pool->g.n_layers; l++)
+            m = q->n_tokens[l] < m ? q->n_tokens[l] : m;
+        s.n_tokens += m;
+    }
+    for (uint32_t t = 0; t < KVT_NUM_TIERS; t++) {
+        const kvt__arena *a = &pool->tier[t];
+        kvt_tier_stats *ts = &s.tier[t];
+        if (pool->has_tier[t]) {
+            ts->blocks_total = a->n_blocks - 1u;
+            ts->blocks_free = a->n_free;
+            ts->blocks_used = ts->blocks_total - ts->blocks_free;
+            ts->bytes_total = ts->blocks_total * pool->block_bytes;
+            ts->bytes_used = ts->blocks_used * pool->block_bytes;
+        }
+        ts->pages = pool->pages_in_tier[t];
+    }
+    memcpy(s.moved_bytes, pool->moved_bytes, sizeof s.moved_bytes);
+    memcpy(s.moved_requests, pool->moved_requests, sizeof s.moved_requests);
+    memcpy(stats, &s, fill);
+    return 0;
+}

@@ -1,0 +1,279 @@
+/* Sequences: ids with generations, per-(layer, KV head) block tables, and
+ * the read-side accessors. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+#define KVT__SEQ_OPTS_V1 sizeof(kvt_seq_opts)
+#define KVT__SEQ_INFO_V1 sizeof(kvt_seq_info)
+
+static kvt_seq_id kvt__make_id(uint32_t slot, uint32_t gen)
+{
+    return ((uint64_t)gen << 32) | (uint64_t)(slot + 1u);
+}
+
+int kvt__seq_lookup(const kvt_pool *p, kvt_seq_id id, kvt__seq **out)
+{
+    uint64_t low = id & 0xffffffffu;
+    uint32_t gen = (uint32_t)(id >> 32);
+    if (low == 0 || low > p->max_seqs)
+        return kvt__err(KVT_ENOENT, "seq: id 0x%llx names no sequence of this pool",
+                        (unsigned long long)id);
+    kvt__seq *s = &p->seqs[low - 1];
+    if (!s->live || s->gen != gen)
+        return kvt__err(KVT_ENOENT, "seq: id 0x%llx was released (or never created)",
+                        (unsigned long long)id);
+    *out = s;
+    return 0;
+}
+
+void kvt__seq_fini(kvt__seq *s)
+{
+    free(s->n_tokens);
+    free(s->dev_block);
+    free(s->host_block);
+    free(s->meta_slot);
+    free(s->res);
+    free(s->acc);
+    uint32_t gen = s->gen;
+    memset(s, 0, sizeof *s);
+    s->gen = gen;
+}
+
+KVT_API int kvt_seq_opts_init(kvt_seq_opts *opts)
+{
+    KVT__CHECK_NULL(opts);
+    memset(opts, 0, sizeof *opts);
+    opts->struct_size = (uint32_t)sizeof *opts;
+    return 0;
+}
+
+KVT_API int kvt_seq_create(kvt_pool *pool, const kvt_seq_opts *opts, kvt_seq_id *out)
+{
+    kvt_seq_opts o;
+    KVT__CHECK_NULL(pool);
+    KVT__CHECK_NULL(out);
+    *out = KVT_SEQ_NONE;
+    if (opts) {
+        int rc = kvt__opts_copy(&o, sizeof o, opts, KVT__SEQ_OPTS_V1, "opts");
+        if (rc)
+            return rc;
+    } else {
+        kvt_seq_opts_init(&o);
+    }
+    uint32_t max_tokens = o.max_tokens ? o.max_tokens : pool->max_seq_tokens;
+    if (max_tokens > pool->max_seq_tokens)
+        return kvt__err(KVT_EINVAL, "opts->max_tokens: %u is above the pool's max_seq_tokens %u",
+                        o.max_tokens, pool->max_seq_tokens);
+    if (pool->n_free_seq == 0)
+        return kvt__err(KVT_ENOSPC, "kvt_seq_create: all %u sequence slots are live "
+                        "(pool max_seqs)", pool->max_seqs);
+
+    uint32_t slot = pool->free_seq[pool->n_free_seq - 1];
+    kvt__seq *s = &pool->seqs[slot];
+    size_t lh = (size_t)pool->g.n_layers * pool->g.n_kv_heads;
+    s->n_tokens = calloc(pool->g.n_layers, sizeof *s->n_tokens);
+    s->acc = malloc(lh * 3u * pool->g.head_dim * sizeof(float));
+    if (!s->n_tokens || !s->acc) {
+        kvt__seq_fini(s);
+        return kvt__err(KVT_ENOMEM, "kvt_seq_create: cannot allocate the sequence state");
+    }
+    pool->n_free_seq--;
+    s->gen++;
+    if (s->gen == 0) /* id 0 stays KVT_SEQ_NONE even after 2^32 reuses */
+        s->gen = 1;
+    s->live = true;
+    s->max_tokens = max_tokens;
+    s->user_data = o.user_data;
+    pool->n_live++;
+    *out = kvt__make_id(slot, s->gen);
+    return 0;
+}
+
+void kvt__seq_free_pages(kvt_pool *p, kvt__seq *s)
+{
+    for (uint32_t l = 0; l < p->g.n_layers; l++) {
+        uint32_t n_pages = kvt__pages_for(p, s->n_tokens[l]);
+        for (uint32_t h = 0; h < p->g.n_kv_heads; h++) {
+            size_t base = kvt__lh(p, l, h) * s->cap_pages;
+            for (uint32_t pg = 0; pg < n_pages; pg++) {
+                size_t e = base + pg;
+                if (s->res[e] & KVT_RES_DEVICE)
+                    kvt__arena_free(&p->tier[KVT_TIER_DEVICE], s->dev_block[e]);
+                if (s->res[e] & KVT_RES_HOST)
+                    kvt__arena_free(&p->tier[KVT_TIER_HOST], s->host_block[e]);
+                kvt__arena_free(&p->meta, s->meta_slot[e]);
+                for (uint32_t t = 0; t < KVT_NUM_TIERS; t++)
+                    if (s->res[e] & (1u << t))
+                        p->pages_in_tier[t]--;
+            }
+        }
+        s->n_tokens[l] = 0;
+    }
+    memset(s->pages_in_tier, 0, sizeof s->pages_in_tier);
+}
+
+KVT_API int kvt_seq_release(kvt_pool *pool, kvt_seq_id seq)
+{
+    kvt__seq *s;
+    KVT__CHECK_NULL(pool);
+    int rc = kvt__seq_lookup(pool, seq, &s);
+    if (rc)
+        return rc;
+    kvt__seq_free_pages(pool, s);
+    kvt__seq_fini(s);
+    pool->free_seq[pool->n_free_seq++] = (uint32_t)((seq & 0xffffffffu) - 1u);
+    pool->n_live--;
+    return 0;
+}
+
+/* Common argument checks of the read-side accessors. */
+static int kvt__seq_lh(const kvt_pool *pool, kvt_seq_id seq, uint32_t layer, uint32_t kv_head,
+                       kvt__seq **s)
+{
+    int rc = kvt__seq_lookup(pool, seq, s);
+    if (rc)
+        return rc;
+    if (layer >= pool->g.n_layers)
+        return kvt__err(KVT_EINVAL, "layer: %u >= n_layers %u", layer, pool->g.n_layers);
+    if (kv_head >= pool->g.n_kv_heads)
+        return kvt__err(KVT_EINVAL, "kv_head: %u >= n_kv_heads %u", kv_head,
+                        pool->g.n_kv_heads);
+    return 0;
+}
+
+KVT_API int kvt_seq_info_get(const kvt_pool *pool, kvt_seq_id seq, kvt_seq_info *info)
+{
+    kvt__seq *s;
+    kvt_seq_info r;
+    size_t fill;
+    KVT__CHECK_NULL(pool);
+    KVT__CHECK_NULL(info);
+    int rc = kvt__out_struct(info, sizeof r, KVT__SEQ_INFO_V1, "info", &fill);
+    if (rc)
+        return rc;
+    rc = kvt__seq_lookup(pool, seq, &s);
+    if (rc)
+        return rc;
+    memset(&r, 0, sizeof r);
+    r.struct_size = info->struct_size;
+    r.max_tokens = s->max_tokens;
+    r.user_data = s->user_data;
+    r.n_tokens = UINT32_MAX;
+    for (uint32_t l = 0; l < pool->g.n_layers; l++) {
+        uint32_t n = s->n_tokens[l];
+        r.n_tokens = n < r.n_tokens ? n : r.n_tokens;
+        r.n_tokens_max = n > r.n_tokens_max ? n : r.n_tokens_max;
+        r.pages += (uint64_t)kvt__pages_for(pool, n) * pool->g.n_kv_heads;
+    }
+    memcpy(r.pages_in_tier, s->pages_in_tier, sizeof r.pages_in_tier);
+    memcpy(info, &r, fill);
+    return 0;
+}
+
+KVT_API int kvt_seq_length(const kvt_pool *pool, kvt_seq_id seq, uint32_t layer,
+                           uint32_t *n_tokens)
+{
+    kvt__seq *s;
+    KVT__CHECK_NULL(pool);
+    KVT__CHECK_NULL(n_tokens);
+    int rc = kvt__seq_lh(pool, seq, layer, 0, &s);
+    if (rc)
+        return rc;
+    *n_tokens = s->n_tokens[layer];
+    return 0;
+}
+
+KVT_API int kvt_seq_block_table(const kvt_pool *pool, kvt_seq_id seq, uint32_t layer,
+                                uint32_t kv_head, uint32_t first_page, uint32_t n_pages,
+                                uint32_t *device_blocks, uint32_t *host_blocks,
+                                uint8_t *residency)
+{
+    kvt__seq *s;
+    KVT__CHECK_NULL(pool);
+    int rc = kvt__seq_lh(pool, seq, layer, kv_head, &s);
+    if (rc)
+        return rc;
+    uint32_t have = kvt__pages_for(pool, s->n_tokens[layer]);
+    if (first_page > have || n_pages > have - first_page)
+        return kvt__err(KVT_ERANGE, "first_page, n_pages: pages %u..%llu asked, layer %u "
+                        "has %u", first_page, (unsigned long long)first_page + n_pages,
+                        layer, have);
+    size_t base = kvt__lh(pool, layer, kv_head) * s->cap_pages + first_page;
+    if (device_blocks && n_pages)
+        memcpy(device_blocks, s->dev_block + base, n_pages * sizeof *device_blocks);
+    if (host_blocks && n_pages)
+        memcpy(host_blocks, s->host_block + base, n_pages * sizeof *host_blocks);
+    if (residency && n_pages)
+        memcpy(residency, s->res + base, n_pages);
+    return 0;
+}
+
+/* The bytes of a page from the fastest tier that holds it. */
+static const uint8_t *kvt__page_bytes(const kvt_pool *p, const kvt__seq *s, size_t e)
+{
+    if (s->res[e] & KVT_RES_DEVICE)
+        return kvt__arena_block(&p->tier[KVT_TIER_DEVICE], s->dev_block[e]);
+    if (s->res[e] & KVT_RES_HOST)
+        return kvt__arena_block(&p->tier[KVT_TIER_HOST], s->host_block[e]);
+    return NULL;
+}
+
+KVT_API int kvt_seq_read_kv(const kvt_pool *pool, kvt_seq_id seq, uint32_t layer,
+                            uint32_t kv_head, uint32_t first_token, uint32_t n_tokens,
+                            void *k_out, void *v_out)
+{
+    kvt__seq *s;
+    KVT__CHECK_NULL(pool);
+    int rc = kvt__seq_lh(pool, seq, layer, kv_head, &s);
+    if (rc)
+        return rc;
+    uint32_t have = s->n_tokens[layer];
+    if (first_token > have || n_tokens > have - first_token)
+        return kvt__err(KVT_ERANGE, "first_token, n_tokens: tokens %u..%llu asked, layer %u "
+                        "has %u", first_token, (unsigned long long)first_token + n_tokens,
+                        layer, have);
+    const uint32_t P = pool->g.page_tokens;
+    const size_t row = (size_t)pool->g.head_dim * pool->elem;
+    const size_t base = kvt__lh(pool, layer, kv_head) * s->cap_pages;
+    for (uint32_t t = 0; t < n_tokens; t++) {
+        uint32_t pos = first_token + t;
+        const uint8_t *blk = kvt__page_bytes(pool, s, base + pos / P);
+        if (!blk)
+            return kvt__err(KVT_ENOTSUP, "token %u of layer %u head %u lives only on disk, "
+                            "which this release cannot read", pos, layer, kv_head);
+        if (k_out)
+            memcpy((uint8_t *)k_out + (size_t)t * row, blk + (size_t)(pos % P) * row, row);
+        if (v_out)
+            memcpy((uint8_t *)v_out + (size_t)t * row, blk + (size_t)(P + pos % P) * row, row);
+    }
+    return 0;
+}
+
+KVT_API int kvt_seq_page_meta(const kvt_pool *pool, kvt_seq_id seq, uint32_t layer,
+                              uint32_t kv_head, uint32_t page, float *kmin, float *kmax,
+                              float *kmean)
+{
+    kvt__seq *s;
+    KVT__CHECK_NULL(pool);
+    int rc = kvt__seq_lh(pool, seq, layer, kv_head, &s);
+    if (rc)
+        return rc;
+    uint32_t have = kvt__pages_for(pool, s->n_tokens[layer]);
+    if (page >= have)
+        return kvt__err(KVT_ERANGE, "page: %u >= the %u pages of layer %u", page, have, layer);
+    const uint32_t D = pool->g.head_dim;
+    const uint8_t *m =
+        kvt__arena_block(&pool->meta, s->meta_slot[kvt__lh(pool, layer, kv_head) * s->cap_pages +
+                                                   page]);
+    const size_t row = (size_t)D * pool->elem;
+    if (kmin)
+        kvt__load_f32(kmin, m, pool->g.dtype, D);
+    if (kmax)
+        kvt__load_f32(kmax, m + row, pool->g.dtype, D);
+    if (kmean)
+        kvt__load_f32(kmean, m + 2 * row, pool->g.dtype, D);
+    return 0;
+}

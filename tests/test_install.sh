@@ -1,0 +1,47 @@
+#!/bin/sh
+# make install into a DESTDIR, then build out-of-tree C and C++ programs with
+# `pkg-config --cflags --libs kvtier` against it and run them; then check
+# that make uninstall removes every installed file.
+set -eu
+O=${O:-build}
+MAKE=${MAKE:-make}
+CC=${CC:-cc}
+CXX=${CXX:-c++}
+top=$(pwd)
+dest=$(mktemp -d /tmp/kvtier-install.XXXXXX)
+work=$(mktemp -d /tmp/kvtier-consumer.XXXXXX)
+trap 'rm -rf "$dest" "$work"' EXIT
+
+$MAKE -s O="$O" install DESTDIR="$dest" PREFIX=/usr LIBDIR=/usr/lib >/dev/null
+for f in usr/include/kvtier/kvtier.h usr/include/kvtier/pool.h usr/lib/libkvtier.a \
+         usr/lib/libkvtier.so usr/lib/libkvtier.so.0 usr/lib/pkgconfig/kvtier.pc \
+         usr/share/man/man7/kvtier.7 usr/share/man/man3/kvt_pool_create.3 \
+         usr/bin/kvtier-pool-demo; do
+  [ -e "$dest/$f" ] || { echo "not installed: $f"; exit 1; }
+done
+[ "$(readlink "$dest/usr/lib/libkvtier.so")" = libkvtier.so.0 ] || { echo "bad .so link"; exit 1; }
+ls "$dest"/usr/lib/libkvtier.so.0.* >/dev/null
+
+export PKG_CONFIG_PATH="$dest/usr/lib/pkgconfig"
+export PKG_CONFIG_SYSROOT_DIR="$dest"
+flags=$(pkg-config --cflags --libs kvtier)
+echo "pkg-config --cflags --libs kvtier: $flags"
+cp "$top/examples/minimal.c" "$work/consumer.c"
+cp "$top/tests/test_cxx_headers.cpp" "$work/consumer.cpp"
+cd "$work"
+$CC -std=c11 -Wall -Wextra -Werror consumer.c -o consumer_c $flags
+$CXX -std=c++17 -Wall -Wextra -Werror consumer.cpp -o consumer_cxx $flags
+LD_LIBRARY_PATH="$dest/usr/lib" ./consumer_c
+LD_LIBRARY_PATH="$dest/usr/lib" ./consumer_cxx
+# The static library links too (private deps from Libs.private/Requires.private).
+# (no sysroot here: it would also prefix the CUDA toolkit's -L path)
+sflags=$(PKG_CONFIG_SYSROOT_DIR= pkg-config --static --cflags --libs \
+         --define-variable=libdir="$dest/usr/lib" --define-variable=includedir="$dest/usr/include" kvtier)
+$CC -std=c11 consumer.c -o consumer_static "$dest/usr/lib/libkvtier.a" $(echo "$sflags" | sed 's/-lkvtier//')
+./consumer_static
+
+cd "$top"
+$MAKE -s O="$O" uninstall DESTDIR="$dest" PREFIX=/usr LIBDIR=/usr/lib >/dev/null
+left=$(find "$dest" -type f -o -type l)
+[ -z "$left" ] || { echo "left after uninstall:"; echo "$left"; exit 1; }
+echo "install/consumer/uninstall: ok"
