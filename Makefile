@@ -118,7 +118,7 @@ PROG_RPATH := -Wl,-rpath,'$$ORIGIN/../lib'
 TESTS_SHARED := test_errors test_opts test_pool test_append test_random test_c_headers
 TESTS_STATIC := test_convert
 TEST_BINS := $(addprefix $(O)/tests/,$(TESTS_SHARED) $(TESTS_STATIC) test_cxx_headers)
-TEST_SCRIPTS := tests/test_install.sh
+TEST_SCRIPTS := tests/test_symbols.sh tests/test_man.sh tests/test_install.sh
 
 .PHONY: all lib programs check check-asan check-valgrind demo install uninstall clean \
         distclean help tests cuda-compile
