@@ -54,10 +54,10 @@ int main(int argc, char **argv)
 {
     uint32_t tokens = 32768, L = 8, H = 8, D = 128, P = 16, decode = 64;
     kvt_dtype dtype = KVT_DTYPE_F16;
-    for (int i = 1; i < argc; i++) {
+    if (argc % 2 == 0)
+        return usage("every option takes a value");
+    for (int i = 1; i + 1 < argc; i += 2) {
         const char *a = argv[i];
-        if (i + 1 >= argc)
-            return usage("missing value after an option");
         unsigned long v = strtoul(argv[i + 1], NULL, 10);
         if (!strcmp(a, "--tokens"))
             tokens = (uint32_t)v;
@@ -79,7 +79,6 @@ int main(int argc, char **argv)
                 return usage("--dtype must be f16, bf16 or f32");
         } else
             return usage("unknown option");
-        i++;
     }
     if (tokens == 0)
         return usage("--tokens must be at least 1");
