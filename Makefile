@@ -88,7 +88,7 @@ endif
 
 $(O)/config.mk: Makefile
 	$(call kvt_deps,$(LIB_DEPS),$@,DEP)
-$(O)/config-test.mk: Makefile
+$(O)/config-test.mk: Makefile $(O)/config.mk   # one apt-get at a time under -j
 	$(call kvt_deps,$(TEST_DEPS),$@,CMOCKA)
 
 # ---- sources ----------------------------------------------------------------
@@ -193,7 +193,7 @@ check-asan:
 
 check-valgrind:
 	@command -v valgrind >/dev/null || { \
-	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then apt-get install -y -q valgrind; \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then apt-get update -q && apt-get install -y -q valgrind; \
 	  else echo "kvtier: run: sudo apt-get install -y valgrind"; exit 1; fi; }
 	$(MAKE) O=$(O) check VALGRIND="valgrind -q --error-exitcode=1 --leak-check=full \
 	  --show-leak-kinds=definite,indirect,possible --errors-for-leak-kinds=definite,indirect,possible"

@@ -269,6 +269,39 @@ static void test_metadata(void **state)
     }
 }
 
+/* A NaN key must not leave a box that excludes a stored key: its
+ * dimension's box opens to [-inf, +inf]; other dimensions are unaffected. */
+static void test_nan_key_metadata(void **state)
+{
+    (void)state;
+    kvt_pool_opts o = tu_opts(1, 1, 1, 8, 8, KVT_DTYPE_F32, 8, 0);
+    kvt_pool *p;
+    kvt_seq_id seq;
+    TU_OK(kvt_pool_create(&p, &o));
+    TU_OK(kvt_seq_create(p, NULL, &seq));
+    float k[2][8], v[2][8] = {{0}};
+    for (int t = 0; t < 2; t++)
+        for (int d = 0; d < 8; d++)
+            k[t][d] = (float)(t * 8 + d) - 3.0f;
+    k[0][3] = NAN;
+    k[1][3] = NAN;
+    k[1][5] = NAN;
+    TU_OK(kvt_seq_append(p, seq, 0, k, v, 2, KVT_DTYPE_F32, 0));
+    float mn[8], mx[8];
+    TU_OK(kvt_seq_page_meta(p, seq, 0, 0, 0, mn, mx, NULL));
+    for (int d = 0; d < 8; d++) {
+        if (d == 3 || d == 5) {
+            assert_true(isinf(mn[d]) && mn[d] < 0);
+            assert_true(isinf(mx[d]) && mx[d] > 0);
+        } else {
+            assert_true(mn[d] == k[0][d]);
+            assert_true(mx[d] == k[1][d]);
+        }
+    }
+    TU_CHECK(p);
+    kvt_pool_destroy(p);
+}
+
 static void test_layers_and_tables(void **state)
 {
     (void)state;
@@ -399,6 +432,7 @@ int main(void)
         cmocka_unit_test(test_metadata),
         cmocka_unit_test(test_layers_and_tables),
         cmocka_unit_test(test_append_bad),
+        cmocka_unit_test(test_nan_key_metadata),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

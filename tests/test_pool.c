@@ -150,6 +150,31 @@ static void test_seq_slots_and_ids(void **state)
     kvt_pool_destroy(p); /* live sequences are released with the pool */
 }
 
+/* An id is only valid in the pool that made it: using it on another pool
+ * must not touch that pool's own sequences. */
+static void test_ids_are_per_pool(void **state)
+{
+    (void)state;
+    kvt_pool_opts o = tu_opts(1, 1, 1, 8, 8, KVT_DTYPE_F16, 16, 0);
+    kvt_pool *a, *b;
+    kvt_seq_id sa, sb;
+    TU_OK(kvt_pool_create(&a, &o));
+    TU_OK(kvt_pool_create(&b, &o));
+    TU_OK(kvt_seq_create(a, NULL, &sa));
+    TU_OK(kvt_seq_create(b, NULL, &sb));
+    assert_int_not_equal(sa, sb);
+    uint32_t n;
+    TU_EXPECT_ERR(kvt_seq_release(b, sa), KVT_ENOENT, "seq");
+    TU_EXPECT_ERR(kvt_seq_length(a, sb, 0, &n), KVT_ENOENT, "seq");
+    TU_OK(kvt_seq_length(b, sb, 0, &n)); /* b's own sequence is still there */
+    TU_OK(kvt_seq_release(b, sb));
+    TU_OK(kvt_seq_release(a, sa));
+    TU_CHECK(a);
+    TU_CHECK(b);
+    kvt_pool_destroy(a);
+    kvt_pool_destroy(b);
+}
+
 static void test_released_sequence(void **state)
 {
     (void)state;
@@ -212,6 +237,7 @@ int main(void)
         cmocka_unit_test(test_capacity_and_stats), cmocka_unit_test(test_full_device_tier),
         cmocka_unit_test(test_numa_and_hugepages), cmocka_unit_test(test_seq_slots_and_ids),
         cmocka_unit_test(test_released_sequence),  cmocka_unit_test(test_null_arguments),
+        cmocka_unit_test(test_ids_are_per_pool),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

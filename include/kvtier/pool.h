@@ -174,8 +174,9 @@ KVT_API int kvt_seq_read_kv(const kvt_pool *pool, kvt_seq_id seq, uint32_t layer
 
 /* The key metadata of one page, widened to f32: per-dimension minimum
  * (stored rounded toward -inf), maximum (rounded toward +inf) and mean
- * (rounded to nearest) of the page's keys. Each output holds head_dim
- * floats; any may be NULL. */
+ * (f32 sum / count, stored rounded to nearest) of the page's keys. A NaN
+ * key makes its dimension's box [-inf, +inf], so the box always contains
+ * every stored key. Each output holds head_dim floats; any may be NULL. */
 KVT_API int kvt_seq_page_meta(const kvt_pool *pool, kvt_seq_id seq, uint32_t layer,
                               uint32_t kv_head, uint32_t page,
                               float *kmin, float *kmax, float *kmean);

@@ -56,8 +56,8 @@ static int kvt__seq_reserve(kvt_pool *p, kvt__seq *s, uint32_t pages)
 }
 
 /* Writes the metadata of a page from its f32 accumulators: min rounded
- * toward -inf, max toward +inf (so q.k bounds stay bounds), mean to
- * nearest. */
+ * toward -inf, max toward +inf (so q.k bounds stay bounds), and the mean
+ * (f32 sum / count, a landmark rather than a bound) rounded to nearest. */
 static void kvt__meta_store(const kvt_pool *p, uint8_t *m, const float *acc, uint32_t count,
                             float *tmp)
 {
@@ -65,9 +65,8 @@ static void kvt__meta_store(const kvt_pool *p, uint8_t *m, const float *acc, uin
     const size_t row = (size_t)D * p->elem;
     kvt__store_f32(m, p->g.dtype, acc, D, KVT__RD);
     kvt__store_f32(m + row, p->g.dtype, acc + D, D, KVT__RU);
-    const float inv = 1.0f / (float)count;
     for (uint32_t d = 0; d < D; d++)
-        tmp[d] = acc[2 * D + d] * inv;
+        tmp[d] = acc[2 * D + d] / (float)count;
     kvt__store_f32(m + 2 * row, p->g.dtype, tmp, D, KVT__RN);
 }
 
@@ -168,8 +167,12 @@ KVT_API int kvt_seq_append(kvt_pool *pool, kvt_seq_id seq, uint32_t layer, const
             }
             for (uint32_t d = 0; d < D; d++) {
                 float x = kf[d];
-                acc[d] = x < acc[d] ? x : acc[d];
-                acc[D + d] = x > acc[D + d] ? x : acc[D + d];
+                /* A NaN key opens the box to [-inf, +inf] so that it still
+                 * contains every stored key (scores become unbounded, never
+                 * silently wrong). */
+                float lo = x == x ? x : -INFINITY, hi = x == x ? x : INFINITY;
+                acc[d] = lo < acc[d] ? lo : acc[d];
+                acc[D + d] = hi > acc[D + d] ? hi : acc[D + d];
                 acc[2 * D + d] += x;
             }
             if (slot == P - 1 || t == n_tokens - 1)

@@ -119,6 +119,8 @@ static inline void kvt__arena_free(kvt__arena *a, uint32_t id)
 }
 /* libnuma helpers (numa.c). */
 KVT__HIDDEN bool kvt__numa_available(void);
+/* Whether `node` exists and has memory this process may use. */
+KVT__HIDDEN bool kvt__numa_node_ok(int node);
 KVT__HIDDEN int kvt__numa_max_node(void);
 
 /* ---- backends ------------------------------------------------------------ */
@@ -146,8 +148,14 @@ typedef struct kvt__seq {
     uint64_t pages_in_tier[KVT_NUM_TIERS];
 } kvt__seq;
 
+/* Sequence ids: generation (32 bits) | pool tag (11) | slot + 1 (21). The
+ * tag makes an id from one pool unknown to every other live pool. */
+#define KVT__ID_SLOT_BITS 21
+#define KVT__ID_TAG_BITS 11
+
 struct kvt_pool {
     kvt_backend backend;
+    uint32_t tag;           /* 1..2047, from a process-wide counter */
     kvt_geometry g;
     uint32_t n_q_heads;
     size_t elem;            /* bytes per element */

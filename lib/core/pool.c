@@ -1,4 +1,5 @@
 /* The KV pool: options, tier arenas, the metadata store and stats. */
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -6,9 +7,18 @@
 
 #include "internal.h"
 
-/* The first released layout: smaller struct_size values are rejected. */
-#define KVT__POOL_OPTS_V1 sizeof(kvt_pool_opts)
-#define KVT__POOL_STATS_V1 sizeof(kvt_stats)
+/* Sizes of the first released layouts (0.1): smaller struct_size values are
+ * rejected. Pinned, never sizeof of the current struct, so that appending a
+ * field keeps old callers working. */
+#define KVT__POOL_OPTS_V1 104u
+#define KVT__POOL_STATS_V1 264u
+_Static_assert(offsetof(kvt_pool_opts, reserved0) + 4 == KVT__POOL_OPTS_V1, "pool opts v1");
+_Static_assert(offsetof(kvt_stats, moved_requests) + 8 * KVT_NUM_DIRS == KVT__POOL_STATS_V1,
+               "stats v1");
+
+/* Pool tags for sequence ids; a counter so that pools created one after
+ * another never share a tag until 2047 pools later. */
+static _Atomic uint32_t kvt__next_tag = 0;
 #define KVT__KNOWN_POOL_FLAGS (KVT_POOL_HUGEPAGES)
 
 KVT_API int kvt_pool_opts_init(kvt_pool_opts *opts)
@@ -60,9 +70,9 @@ static int kvt__validate_opts(const kvt_pool_opts *o, kvt_pool *p)
         return kvt__err(KVT_EINVAL, "opts->reserved0: must be zero");
     if (o->host_numa > KVT_NUMA_INTERLEAVE)
         return kvt__err(KVT_EINVAL, "opts->host_numa: unknown policy %u", o->host_numa);
-    if (o->host_numa == KVT_NUMA_NODE &&
-        (o->host_numa_node < 0 || o->host_numa_node > kvt__numa_max_node()))
-        return kvt__err(KVT_EINVAL, "opts->host_numa_node: node %d does not exist (0..%d)",
+    if (o->host_numa == KVT_NUMA_NODE && !kvt__numa_node_ok(o->host_numa_node))
+        return kvt__err(KVT_EINVAL, "opts->host_numa_node: node %d does not exist or has no "
+                        "memory this process may use (highest node %d)",
                         o->host_numa_node, kvt__numa_max_node());
     p->max_seqs = o->max_seqs ? o->max_seqs : KVT_MAX_SEQS_DEFAULT;
     if (p->max_seqs > KVT_MAX_SEQS_LIMIT)
@@ -109,6 +119,7 @@ KVT_API int kvt_pool_create(kvt_pool **out, const kvt_pool_opts *opts)
     if (rc)
         goto fail;
 
+    p->tag = (kvt__next_tag++ % ((1u << KVT__ID_TAG_BITS) - 1u)) + 1u;
     p->elem = kvt_dtype_size(p->g.dtype);
     p->block_bytes = 2ull * p->g.page_tokens * p->g.head_dim * p->elem;
     p->meta_bytes = 3ull * p->g.head_dim * p->elem;

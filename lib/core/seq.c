@@ -1,24 +1,37 @@
 /* Sequences: ids with generations, per-(layer, KV head) block tables, and
  * the read-side accessors. */
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "internal.h"
 
-#define KVT__SEQ_OPTS_V1 sizeof(kvt_seq_opts)
-#define KVT__SEQ_INFO_V1 sizeof(kvt_seq_info)
+/* Sizes of the first released layouts (0.1): pinned, never sizeof of the
+ * current struct, so that appending a field keeps old callers working. */
+#define KVT__SEQ_OPTS_V1 16u
+#define KVT__SEQ_INFO_V1 56u
+_Static_assert(offsetof(kvt_seq_opts, user_data) + 8 == KVT__SEQ_OPTS_V1, "seq opts v1");
+_Static_assert(offsetof(kvt_seq_info, pages_in_tier) + 8 * KVT_NUM_TIERS == KVT__SEQ_INFO_V1,
+               "seq info v1");
 
-static kvt_seq_id kvt__make_id(uint32_t slot, uint32_t gen)
+static kvt_seq_id kvt__make_id(const kvt_pool *p, uint32_t slot, uint32_t gen)
 {
-    return ((uint64_t)gen << 32) | (uint64_t)(slot + 1u);
+    return ((uint64_t)gen << 32) | ((uint64_t)p->tag << KVT__ID_SLOT_BITS) |
+           (uint64_t)(slot + 1u);
+}
+
+static uint32_t kvt__id_slot(kvt_seq_id id)
+{
+    return (uint32_t)(id & ((1u << KVT__ID_SLOT_BITS) - 1u)) - 1u;
 }
 
 int kvt__seq_lookup(const kvt_pool *p, kvt_seq_id id, kvt__seq **out)
 {
-    uint64_t low = id & 0xffffffffu;
+    uint64_t low = id & ((1u << KVT__ID_SLOT_BITS) - 1u);
+    uint32_t tag = (uint32_t)(id >> KVT__ID_SLOT_BITS) & ((1u << KVT__ID_TAG_BITS) - 1u);
     uint32_t gen = (uint32_t)(id >> 32);
-    if (low == 0 || low > p->max_seqs)
+    if (low == 0 || low > p->max_seqs || tag != p->tag)
         return kvt__err(KVT_ENOENT, "seq: id 0x%llx names no sequence of this pool",
                         (unsigned long long)id);
     kvt__seq *s = &p->seqs[low - 1];
@@ -88,7 +101,7 @@ KVT_API int kvt_seq_create(kvt_pool *pool, const kvt_seq_opts *opts, kvt_seq_id 
     s->max_tokens = max_tokens;
     s->user_data = o.user_data;
     pool->n_live++;
-    *out = kvt__make_id(slot, s->gen);
+    *out = kvt__make_id(pool, slot, s->gen);
     return 0;
 }
 
@@ -124,7 +137,7 @@ KVT_API int kvt_seq_release(kvt_pool *pool, kvt_seq_id seq)
         return rc;
     kvt__seq_free_pages(pool, s);
     kvt__seq_fini(s);
-    pool->free_seq[pool->n_free_seq++] = (uint32_t)((seq & 0xffffffffu) - 1u);
+    pool->free_seq[pool->n_free_seq++] = kvt__id_slot(seq);
     pool->n_live--;
     return 0;
 }
