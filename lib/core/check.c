@@ -5,6 +5,8 @@
 
 #include "internal.h"
 
+static const char *const names[KVT_NUM_TIERS] = {"device tier", "host tier", "disk tier"};
+
 typedef struct {
     uint8_t *owned; /* per block: 1 = referenced by a page, 2 = on the free list */
 } kvt__mark;
@@ -77,7 +79,6 @@ static int kvt__check_seq(const kvt_pool *p, uint32_t si, kvt__mark *marks, kvt_
                           uint64_t *pages_in_tier)
 {
     const kvt__seq *s = &p->seqs[si];
-    static const char *const names[KVT_NUM_TIERS] = {"device tier", "host tier", "disk tier"};
     uint64_t mine[KVT_NUM_TIERS] = {0, 0, 0};
     int rc;
     for (uint32_t l = 0; l < p->g.n_layers; l++) {
@@ -109,7 +110,7 @@ static int kvt__check_seq(const kvt_pool *p, uint32_t si, kvt__mark *marks, kvt_
                                     "unknown residency bits 0x%x", si, l, h, pg, r);
                 for (uint32_t t = 0; t < KVT_NUM_TIERS; t++)
                     if (r & (1u << t)) {
-                        if (!p->has_tier[t])
+                        if (!kvt__has_tier(p, t))
                             return kvt__err(KVT_EINTERNAL, "seq slot %u page %u claims the "
                                             "%s, which the pool does not have", si, pg,
                                             names[t]);
@@ -154,13 +155,12 @@ static int kvt__check_seq(const kvt_pool *p, uint32_t si, kvt__mark *marks, kvt_
 KVT_API int kvt_pool_check(const kvt_pool *pool)
 {
     KVT__CHECK_NULL(pool);
-    static const char *const names[KVT_NUM_TIERS] = {"device tier", "host tier", "disk tier"};
     kvt__mark marks[KVT_NUM_TIERS] = {{NULL}, {NULL}, {NULL}}, meta = {NULL};
     uint64_t pages[KVT_NUM_TIERS] = {0, 0, 0};
     int rc = 0;
 
     for (uint32_t t = 0; t < KVT_NUM_TIERS && !rc; t++)
-        if (pool->has_tier[t]) {
+        if (kvt__has_tier(pool, t)) {
             rc = kvt__mark_init(&marks[t], &pool->tier[t]);
             if (!rc)
                 rc = kvt__check_free(&pool->tier[t], &marks[t], names[t]);
@@ -197,7 +197,7 @@ KVT_API int kvt_pool_check(const kvt_pool *pool)
         rc = kvt__err(KVT_EINTERNAL, "pool counts %u live sequences, slots hold %u",
                       pool->n_live, live);
     for (uint32_t t = 0; t < KVT_NUM_TIERS && !rc; t++) {
-        if (pool->has_tier[t])
+        if (kvt__has_tier(pool, t))
             rc = kvt__check_accounted(&pool->tier[t], &marks[t], names[t]);
         if (!rc && pages[t] != pool->pages_in_tier[t])
             rc = kvt__err(KVT_EINTERNAL, "%s: pool counts %llu pages, sequences hold %llu",

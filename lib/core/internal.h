@@ -166,7 +166,6 @@ struct kvt_pool {
     uint32_t n_threads;
     uint32_t flags;
     kvt__arena tier[KVT_NUM_TIERS];
-    bool has_tier[KVT_NUM_TIERS];
     kvt__arena meta;        /* metadata store, device tier; block = one page's meta */
     kvt__seq *seqs;         /* [max_seqs] slots */
     uint32_t *free_seq;     /* stack of free slot indexes */
@@ -177,6 +176,12 @@ struct kvt_pool {
     uint64_t moved_requests[KVT_NUM_DIRS];
     float *scratch;         /* append scratch: [page_tokens][D] f32, plus [D] */
 };
+
+/* A tier exists when its arena is mapped. */
+static inline bool kvt__has_tier(const kvt_pool *p, uint32_t t)
+{
+    return p->tier[t].base != NULL;
+}
 
 /* Looks up a live sequence; KVT_ENOENT for unknown or released ids. */
 KVT__HIDDEN int kvt__seq_lookup(const kvt_pool *p, kvt_seq_id id, kvt__seq **out);

@@ -173,7 +173,6 @@ KVT_API int kvt_pool_create(kvt_pool **out, const kvt_pool_opts *opts)
                          "opts->device_bytes");
     if (rc)
         goto fail;
-    p->has_tier[KVT_TIER_DEVICE] = true;
     if (n_host) {
         kvt__arena_place host_place = {.numa = o.host_numa,
                                        .node = o.host_numa_node,
@@ -183,7 +182,6 @@ KVT_API int kvt_pool_create(kvt_pool **out, const kvt_pool_opts *opts)
                              "opts->host_bytes");
         if (rc)
             goto fail;
-        p->has_tier[KVT_TIER_HOST] = true;
     }
     rc = kvt__arena_init(&p->meta, p->meta_bytes, (uint32_t)meta_slots, &dev_place,
                          "metadata store");
@@ -261,7 +259,7 @@ KVT_API int kvt_pool_stats(const kvt_pool *pool, kvt_stats *stats)
     for (uint32_t t = 0; t < KVT_NUM_TIERS; t++) {
         const kvt__arena *a = &pool->tier[t];
         kvt_tier_stats *ts = &s.tier[t];
-        if (pool->has_tier[t]) {
+        if (kvt__has_tier(pool, t)) {
             ts->blocks_total = a->n_blocks - 1u;
             ts->blocks_free = a->n_free;
             ts->blocks_used = ts->blocks_total - ts->blocks_free;
