@@ -92,7 +92,7 @@ $(O)/config-test.mk: Makefile $(O)/config.mk   # one apt-get at a time under -j
 	$(call kvt_deps,$(TEST_DEPS),$@,CMOCKA)
 
 # ---- sources ----------------------------------------------------------------
-LIB_SRCS := $(wildcard lib/core/*.c)
+LIB_SRCS := $(wildcard lib/core/*.c lib/select/*.c lib/attn/*.c)
 ifeq ($(CUDA),1)
 CU_SRCS  := $(wildcard cuda/*.cu)
 CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lpthread
@@ -109,13 +109,14 @@ LIB_LDLIBS   = $(DEP_LIBS) $(CUDA_LIBS) -lm -lpthread
 LIB_SO := $(O)/lib/$(SOFILE)
 LIB_A  := $(O)/lib/$(LIBNAME).a
 
-PROGS := $(O)/bin/kvtier-pool-demo
+PROGS := $(O)/bin/kvtier-pool-demo $(O)/bin/kvtier-bench
 PROG_RPATH := -Wl,-rpath,'$$ORIGIN/../lib'
 
 # ---- tests ------------------------------------------------------------------
 # Tests of the public ABI link the shared library; tests of internal helpers
 # (kvt__*) link the static one.
-TESTS_SHARED := test_errors test_opts test_pool test_append test_random test_c_headers
+TESTS_SHARED := test_errors test_opts test_pool test_append test_random test_c_headers \
+                test_select test_decode test_step
 TESTS_STATIC := test_convert
 TEST_BINS := $(addprefix $(O)/tests/,$(TESTS_SHARED) $(TESTS_STATIC) test_cxx_headers)
 TEST_SCRIPTS := tests/test_symbols.sh tests/test_man.sh tests/test_install.sh
@@ -127,9 +128,14 @@ lib: $(LIB_SO) $(LIB_A) $(O)/lib/kvtier.pc
 programs: $(PROGS)
 tests: $(TEST_BINS)
 
-$(O)/obj/%.o: %.c $(wildcard include/kvtier/*.h lib/core/*.h) | $(O)/config.mk
+# The SIMD kernels are one source (lib/attn/kern_impl.h) compiled three
+# times; the library picks one at run time from cpuid.
+$(O)/obj/lib/attn/kern_avx2.o: ISA_CFLAGS = -mavx2 -mfma -mf16c
+$(O)/obj/lib/attn/kern_avx512.o: ISA_CFLAGS = -mavx512f -mavx512bw -mavx512vl -mavx2 -mfma -mf16c
+
+$(O)/obj/%.o: %.c $(wildcard include/kvtier/*.h lib/*/*.h) | $(O)/config.mk
 	@mkdir -p $(dir $@)
-	$(CC) $(BASE_CFLAGS) $(DEP_CFLAGS) $(CFLAGS) -c $< -o $@
+	$(CC) $(BASE_CFLAGS) $(DEP_CFLAGS) $(CFLAGS) $(ISA_CFLAGS) -c $< -o $@
 
 $(O)/obj/%.o: %.cu $(wildcard include/kvtier/*.h)
 	@mkdir -p $(dir $@)
@@ -161,6 +167,11 @@ $(O)/lib/kvtier.pc: pkgconfig/kvtier.pc.in Makefile
 $(O)/bin/kvtier-pool-demo: examples/pool-demo/pool_demo.c $(LIB_SO)
 	@mkdir -p $(dir $@)
 	$(CC) -std=c11 -D_GNU_SOURCE -Iinclude $(WARN) $(SANFLAGS) $(CFLAGS) $< -o $@ \
+	  -L$(O)/lib -lkvtier $(PROG_RPATH) $(LDFLAGS) -lm
+
+$(O)/bin/kvtier-bench: examples/bench/bench.c $(LIB_SO)
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 -D_GNU_SOURCE -Iinclude $(WARN) $(SANFLAGS) $(CFLAGS) -pthread $< -o $@ \
 	  -L$(O)/lib -lkvtier $(PROG_RPATH) $(LDFLAGS) -lm
 
 # ---- tests ------------------------------------------------------------------

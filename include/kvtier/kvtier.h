@@ -9,5 +9,7 @@
 #include "kvtier/common.h"
 #include "kvtier/version.h"
 #include "kvtier/pool.h"
+#include "kvtier/selector.h"
+#include "kvtier/kernels.h"
 
 #endif /* KVTIER_KVTIER_H */

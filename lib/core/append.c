@@ -9,7 +9,7 @@
 
 /* Grows the sequence's tables so every (layer, head) holds `pages` entries.
  * All-or-nothing: on failure the old tables are untouched. */
-static int kvt__seq_reserve(kvt_pool *p, kvt__seq *s, uint32_t pages)
+int kvt__seq_reserve(kvt_pool *p, kvt__seq *s, uint32_t pages)
 {
     if (pages <= s->cap_pages)
         return 0;
@@ -81,7 +81,7 @@ KVT_API int kvt_seq_append(kvt_pool *pool, kvt_seq_id seq, uint32_t layer, const
         return rc;
     KVT__CHECK_NULL(k);
     KVT__CHECK_NULL(v);
-    const uint32_t H = pool->g.n_kv_heads, D = pool->g.head_dim, P = pool->g.page_tokens;
+    const uint32_t H = pool->g.n_kv_heads, D = pool->g.head_dim;
     if (layer >= pool->g.n_layers)
         return kvt__err(KVT_EINVAL, "layer: %u >= n_layers %u", layer, pool->g.n_layers);
     if (n_tokens == 0)
@@ -120,7 +120,23 @@ KVT_API int kvt_seq_append(kvt_pool *pool, kvt_seq_id seq, uint32_t layer, const
     if (rc)
         return rc;
 
-    /* Nothing below can fail: allocate the new pages, then fill them. */
+    kvt__append_checked(pool, s, layer, k, v, n_tokens, src_dtype, token_stride);
+    return 0;
+}
+
+/* Everything is checked and the blocks exist: allocate the new pages, then
+ * fill them. Cannot fail. */
+void kvt__append_checked(kvt_pool *pool, kvt__seq *s, uint32_t layer, const void *k,
+                         const void *v, uint32_t n_tokens, kvt_dtype src_dtype,
+                         uint64_t token_stride)
+{
+    const uint32_t H = pool->g.n_kv_heads, D = pool->g.head_dim, P = pool->g.page_tokens;
+    const size_t src_elem = kvt_dtype_size(src_dtype);
+    const uint32_t cur = s->n_tokens[layer];
+    const uint32_t end = cur + n_tokens;
+    const uint32_t pages_before = kvt__pages_for(pool, cur);
+    const uint32_t pages_after = kvt__pages_for(pool, end);
+    kvt__arena *dev = &pool->tier[KVT_TIER_DEVICE];
     for (uint32_t h = 0; h < H; h++) {
         size_t base = kvt__lh(pool, layer, h) * s->cap_pages;
         for (uint32_t pg = pages_before; pg < pages_after; pg++) {
@@ -182,5 +198,4 @@ KVT_API int kvt_seq_append(kvt_pool *pool, kvt_seq_id seq, uint32_t layer, const
         }
     }
     s->n_tokens[layer] = end;
-    return 0;
 }

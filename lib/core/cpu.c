@@ -34,7 +34,7 @@ static uint32_t kvt__cpu_detect(void)
     if (__get_cpuid_count(7, 0, &a, &b, &c, &d)) {
         if (ymm_ok && ((b >> 5) & 1))
             f |= KVT__CPU_AVX2;
-        if (zmm_ok && ((b >> 16) & 1) && ((b >> 30) & 1)) /* AVX512F + BW */
+        if (zmm_ok && ((b >> 16) & 1) && ((b >> 30) & 1) && ((b >> 31) & 1)) /* F+BW+VL */
             f |= KVT__CPU_AVX512;
     }
     return f;

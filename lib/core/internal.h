@@ -52,7 +52,7 @@ KVT__HIDDEN int kvt__geometry_resolve(const kvt_geometry *g, kvt_geometry *out);
 #define KVT__CPU_F16C   (1u << 1)
 #define KVT__CPU_FMA    (1u << 2)
 #define KVT__CPU_AVX2   (1u << 3)
-#define KVT__CPU_AVX512 (1u << 4) /* AVX-512 F + BW */
+#define KVT__CPU_AVX512 (1u << 4) /* AVX-512 F + BW + VL */
 KVT__HIDDEN uint32_t kvt__cpu_features(void);
 
 /* ---- element conversion (convert.c) ------------------------------------- */
@@ -129,6 +129,58 @@ KVT__HIDDEN int kvt__numa_max_node(void);
 KVT__HIDDEN int kvt__cuda_pool_init(int32_t device);
 KVT__HIDDEN bool kvt__cuda_built(void);
 
+
+/* ---- worker threads (threads.c) ------------------------------------------ */
+#include <pthread.h>
+#include <stdatomic.h>
+typedef void (*kvt__task_fn)(void *ctx, uint32_t task, uint32_t thread);
+typedef struct kvt__tp {
+    uint32_t n_threads;          /* including the calling thread */
+    bool inited, stop;
+    pthread_t *th;
+    void *args;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    uint32_t sleepers;
+    _Atomic uint32_t gen;        /* job generation */
+    _Atomic uint64_t next;       /* gen << 32 | next task index */
+    _Atomic uint32_t done;       /* tasks finished in this job */
+    kvt__task_fn fn;
+    void *ctx;
+    uint32_t n_tasks;
+} kvt__tp;
+KVT__HIDDEN int kvt__tp_init(kvt__tp *tp, uint32_t n_threads);
+KVT__HIDDEN void kvt__tp_fini(kvt__tp *tp);
+/* Runs fn(ctx, task, thread) for task < n_tasks on the workers and the
+ * calling thread (thread 0); returns when all are done. */
+KVT__HIDDEN void kvt__tp_run(kvt__tp *tp, kvt__task_fn fn, void *ctx, uint32_t n_tasks);
+
+/* ---- CPU kernels (lib/attn/kern_*.c) ------------------------------------- */
+typedef struct kvt__attn_shape {
+    uint32_t G, D, P; /* query heads per KV head, head_dim, page_tokens */
+    kvt_dtype dtype;  /* storage dtype */
+} kvt__attn_shape;
+typedef struct kvt__kernels {
+    const char *name;
+    /* Online-softmax attention of G prescaled queries q [G][D] over n
+     * blocks (ntok[i] valid tokens each). Updates the running maximum m[G],
+     * denominator l[G] and unnormalised output acc[G][D]; sbuf holds
+     * [G][P] floats of scratch. */
+    void (*attn)(const kvt__attn_shape *sh, const float *q, const uint8_t *const *blocks,
+                 const uint32_t *ntok, uint32_t n, float *m, float *l, float *acc,
+                 float *sbuf);
+    /* Scores n pages (metadata slots) for G queries into S[g * stride + i]:
+     * MINMAX with qa = max(q, 0), qb = min(q, 0); MEAN with qa = q. */
+    void (*score)(const kvt__attn_shape *sh, uint32_t method, const float *qa,
+                  const float *qb, const uint8_t *meta_base, uint64_t meta_bytes,
+                  const uint32_t *slots, uint32_t n, float *S, size_t stride);
+    /* x[i] = exp(x[i] - sub); returns the sum. */
+    float (*expsum)(float *x, uint32_t n, float sub);
+} kvt__kernels;
+KVT__HIDDEN extern const kvt__kernels kvt__kern_portable, kvt__kern_avx2, kvt__kern_avx512;
+/* The best kernels this CPU runs, capped by KVTIER_SIMD when set. */
+KVT__HIDDEN const kvt__kernels *kvt__kernels_select(void);
+
 /* ---- pool and sequences (pool.c, seq.c) ---------------------------------- */
 typedef struct kvt__seq {
     uint32_t gen;          /* generation of this slot when live */
@@ -146,6 +198,13 @@ typedef struct kvt__seq {
      * (layer, head): [(layer * H + head)][3][D] = min, max, sum. */
     float *acc;
     uint64_t pages_in_tier[KVT_NUM_TIERS];
+    /* The last top-K pages chosen per (layer, head) by a step plan's rerank,
+     * reused between reranks: [(layer * H + head) * topk_cap + i]. */
+    uint32_t *topk;
+    uint32_t *topk_n;      /* [L * H] entries used */
+    uint32_t *topk_k;      /* [L * H] the K they were chosen for; 0 = none */
+    uint32_t topk_cap;
+    uint64_t steps;        /* step plans finished with this sequence */
 } kvt__seq;
 
 /* Sequence ids: generation (32 bits) | pool tag (11) | slot + 1 (21). The
@@ -175,6 +234,9 @@ struct kvt_pool {
     uint64_t moved_bytes[KVT_NUM_DIRS];
     uint64_t moved_requests[KVT_NUM_DIRS];
     float *scratch;         /* append scratch: [page_tokens][D] f32, plus [D] */
+    const kvt__kernels *kern;
+    kvt__tp tp;             /* worker threads, started by the first step plan */
+    struct kvt_step *step;  /* the step workspace, reused by every plan */
 };
 
 /* A tier exists when its arena is mapped. */
@@ -195,6 +257,62 @@ static inline size_t kvt__lh(const kvt_pool *p, uint32_t layer, uint32_t head)
 static inline uint32_t kvt__pages_for(const kvt_pool *p, uint32_t tokens)
 {
     return (tokens + p->g.page_tokens - 1) / p->g.page_tokens;
+}
+
+/* Grows the sequence's block tables to hold `pages` pages per (layer,
+ * head); all-or-nothing (append.c). */
+KVT__HIDDEN int kvt__seq_reserve(kvt_pool *p, kvt__seq *s, uint32_t pages);
+/* Appends n_tokens of one layer once every argument has been checked and
+ * blocks are known to be available (append.c); cannot fail. */
+KVT__HIDDEN void kvt__append_checked(kvt_pool *p, kvt__seq *s, uint32_t layer, const void *k,
+                                     const void *v, uint32_t n_tokens, kvt_dtype src_dtype,
+                                     uint64_t token_stride);
+/* The step workspace of a pool (lib/attn/step.c). */
+KVT__HIDDEN void kvt__step_free(struct kvt_step *st);
+/* Releases a sequence's selection state (lib/attn/step.c). */
+
+/* ---- selector (lib/select) ----------------------------------------------- */
+struct kvt_selector {
+    kvt_geometry g;
+    kvt_score_method method;
+    kvt_vote vote;
+    float vote_scale;
+    uint32_t *k, *sink, *local, *interval; /* [L * H] */
+};
+/* Scratch of one selection: G * np + np floats, np uint32 and np bytes,
+ * plus 2 * G * D floats of query rows. */
+typedef struct kvt__sel_scratch {
+    float *S;       /* [G][np] raw scores */
+    float *vote;    /* [np] */
+    uint32_t *idx;  /* [np] */
+    uint8_t *mark;  /* [np] */
+    float *qa, *qb; /* [G][D] each */
+} kvt__sel_scratch;
+KVT__HIDDEN size_t kvt__sel_scratch_bytes(uint32_t G, uint32_t D, uint32_t np);
+KVT__HIDDEN void kvt__sel_scratch_carve(kvt__sel_scratch *sc, void *mem, uint32_t G, uint32_t D,
+                                        uint32_t np);
+/* Checks that sel fits the pool's geometry (KVT_EINVAL naming the field). */
+KVT__HIDDEN int kvt__selector_match(const kvt_selector *sel, const kvt_pool *p);
+/* Voted scores of the np pages of (s, layer, head) into sc->vote. */
+KVT__HIDDEN void kvt__sel_score(const kvt_selector *sel, const kvt_pool *p, const kvt__seq *s,
+                                uint32_t layer, uint32_t head, const float *q, uint32_t np,
+                                kvt__sel_scratch *sc);
+/* The selection rule over np pages of a sequence with `tokens` tokens:
+ * sink, local and a partial last page forced, then the top k of the rest
+ * by (vote desc, index asc). Writes the sorted selection to out (returns its
+ * count) and, when topk is not NULL, the top-k part alone to topk (sorted)
+ * with its count in *n_topk. With vote == NULL, reuse_topk[n_reuse] stands
+ * in for the top-k part. */
+KVT__HIDDEN uint32_t kvt__sel_pick(uint32_t np, uint32_t tokens, uint32_t P, uint32_t k,
+                                   uint32_t sink, uint32_t local, const float *vote,
+                                   const uint32_t *reuse_topk, uint32_t n_reuse,
+                                   kvt__sel_scratch *sc, uint32_t *out, uint32_t *topk,
+                                   uint32_t *n_topk);
+/* Upper bound of kvt__sel_pick's count. */
+static inline uint32_t kvt__sel_bound(uint32_t np, uint32_t k, uint32_t sink, uint32_t local)
+{
+    uint64_t b = (uint64_t)k + sink + local + 1u;
+    return b < np ? (uint32_t)b : np;
 }
 
 #endif /* KVTIER_INTERNAL_H */

@@ -198,6 +198,7 @@ KVT_API int kvt_pool_create(kvt_pool **out, const kvt_pool_opts *opts)
     }
     for (uint32_t i = p->max_seqs; i-- > 0;)
         p->free_seq[p->n_free_seq++] = i;
+    p->kern = kvt__kernels_select();
     *out = p;
     return 0;
 
@@ -210,6 +211,8 @@ KVT_API void kvt_pool_destroy(kvt_pool *p)
 {
     if (!p)
         return;
+    kvt__tp_fini(&p->tp);
+    kvt__step_free(p->step);
     if (p->seqs)
         for (uint32_t i = 0; i < p->max_seqs; i++)
             kvt__seq_fini(&p->seqs[i]);

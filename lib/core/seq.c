@@ -50,6 +50,9 @@ void kvt__seq_fini(kvt__seq *s)
     free(s->meta_slot);
     free(s->res);
     free(s->acc);
+    free(s->topk);
+    free(s->topk_n);
+    free(s->topk_k);
     uint32_t gen = s->gen;
     memset(s, 0, sizeof *s);
     s->gen = gen;

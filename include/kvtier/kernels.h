@@ -1,0 +1,110 @@
+/* libkvtier - the per-step plan and the per-layer kernels: append,
+ * selection, sparse flash-decode.
+ *
+ * Plan once per step, run per layer:
+ *
+ *   kvt_step_plan(pool, seqs, n, &opts, &step);   // allocation happens here
+ *   for each layer:
+ *       kvt_append(step, layer, k, v, dtype, 0);   // one new token per sequence
+ *       kvt_attend(step, layer, q, out, lse);      // = kvt_step_select + kvt_sparse_decode
+ *   kvt_step_finish(step);
+ *
+ * The per-layer calls do no memory allocation. Work is split over the pool's
+ * worker threads (kvt_pool_opts.n_threads) by (sequence, KV head, chunk of
+ * pages); the chunking depends only on the pages selected, so results do not
+ * depend on the thread count.
+ *
+ * Layouts (f32): queries q and outputs out are [n_seqs][n_q_heads][head_dim]
+ * in the order of the plan's sequences, lse is [n_seqs][n_q_heads]; query
+ * head j belongs to KV head j / (n_q_heads / n_kv_heads).
+ *
+ * Thread safety: a step belongs to its pool; a pool has at most one open
+ * step, and the pool, its sequences and the step are used by one thread at a
+ * time (the library's own worker threads excepted).
+ */
+#ifndef KVTIER_KERNELS_H
+#define KVTIER_KERNELS_H
+
+#include "kvtier/common.h"
+#include "kvtier/pool.h"
+#include "kvtier/selector.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct kvt_step kvt_step; /* opaque; owned by its pool */
+
+/* kvt_step_opts.flags */
+#define KVT_STEP_DENSE (1u << 0) /* select every page: dense attention through
+                                    the same kernel (no selector needed) */
+
+typedef struct kvt_step_opts {
+    uint32_t struct_size;        /* sizeof(kvt_step_opts) */
+    uint32_t flags;              /* KVT_STEP_* */
+    const kvt_selector *selector; /* required unless KVT_STEP_DENSE; must
+                                    match the pool's geometry and outlive
+                                    the step */
+    float scale;                 /* softmax scale; 0 = 1/sqrt(head_dim) */
+    uint32_t reserved;           /* must be zero */
+} kvt_step_opts;
+
+#define KVT_STEP_OPTS_INIT { (uint32_t)sizeof(kvt_step_opts), 0u, NULL, 0.0f, 0u }
+KVT_API int kvt_step_opts_init(kvt_step_opts *opts);
+
+/* Plans one decode step over n_seqs distinct live sequences: checks them,
+ * reserves block-table room and checks that the device tier and metadata
+ * store can take one more token of every sequence in every layer
+ * (KVT_ENOSPC otherwise, so the engine can preempt before the step), sizes
+ * all scratch, and decides which (sequence, layer, head) rerank this step.
+ * The pool keeps the step's memory for the next plan. KVT_ESTATE if a step
+ * of this pool is still open. */
+KVT_API int kvt_step_plan(kvt_pool *pool, const kvt_seq_id *seqs, uint32_t n_seqs,
+                          const kvt_step_opts *opts, kvt_step **out);
+
+/* Closes the step: every later call with it returns KVT_ESTATE. Advances
+ * each sequence's step counter (the rerank schedule). Accepts NULL. */
+KVT_API int kvt_step_finish(kvt_step *step);
+
+/* Appends one token per sequence to `layer` (as kvt_seq_append with
+ * n_tokens = 1): k and v hold, for sequence i, n_kv_heads rows of head_dim
+ * elements starting at element i * seq_stride (0 = n_kv_heads * head_dim).
+ * Once per layer and step; all-or-nothing over the sequences. */
+KVT_API int kvt_append(kvt_step *step, uint32_t layer, const void *k, const void *v,
+                       kvt_dtype src_dtype, uint64_t seq_stride);
+
+/* Selects the pages of `layer` for every (sequence, KV head): heads due for
+ * a rerank are scored and reselected, the others reuse their last top-K
+ * pages. A KVT_STEP_DENSE step selects every page. */
+KVT_API int kvt_step_select(kvt_step *step, uint32_t layer, const float *q);
+
+/* Attention of every query head over the pages kvt_step_select chose for
+ * `layer` (KVT_ESTATE if it did not run for this layer in this step),
+ * exact over those pages: softmax with a running maximum, f32
+ * accumulation. out receives the normalised output; lse, when not NULL,
+ * the natural log of the softmax denominator (of scale * q.k), so the
+ * engine can merge with other attention parts. A sequence with no tokens
+ * in the layer gets zeros and lse -infinity. */
+KVT_API int kvt_sparse_decode(kvt_step *step, uint32_t layer, const float *q, float *out,
+                              float *lse);
+
+/* kvt_step_select followed by kvt_sparse_decode. */
+KVT_API int kvt_attend(kvt_step *step, uint32_t layer, const float *q, float *out, float *lse);
+
+/* Copies the pages selected for (layer, sequence seq_index of the plan,
+ * kv_head) by the last kvt_step_select of this step, in increasing order.
+ * *reranked (may be NULL) tells whether the head was rescored this step. */
+KVT_API int kvt_step_selection(const kvt_step *step, uint32_t layer, uint32_t seq_index,
+                               uint32_t kv_head, uint32_t *pages, uint32_t capacity,
+                               uint32_t *n_pages, uint32_t *reranked);
+
+/* The instruction set the pool's CPU kernels use: "avx512", "avx2" or
+ * "portable". Chosen at pool creation from cpuid; the environment variable
+ * KVTIER_SIMD=avx512|avx2|portable caps it (for tests and benchmarks). */
+KVT_API const char *kvt_pool_kernel_isa(const kvt_pool *pool);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KVTIER_KERNELS_H */

@@ -1,0 +1,475 @@
+/* The CPU kernels, written once over a small vector abstraction and
+ * compiled three times: AVX-512 (KVT__ISA 2), AVX2+FMA+F16C (1) and
+ * portable C (0). Included by kern_{avx512,avx2,portable}.c, each of which
+ * defines KVT__ISA and KVT__KERN_NAME.
+ *
+ * Attention over a page (one block: K[P][D] then V[P][D]):
+ *   K pass: scores of up to 4 query heads against 4 tokens at a time, so a
+ *           key row is converted once per pass and the query rows come
+ *           from L1; the 4x4 dot products are reduced together.
+ *   softmax: running maximum per query head; the accumulator is rescaled
+ *           only when the maximum moves.
+ *   V pass: the accumulators of up to 4 query heads for a tile of head_dim
+ *           stay in registers while the page's value rows stream through.
+ * Every K/V byte is read from memory once per GQA group. */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "../core/internal.h"
+
+#if KVT__ISA > 0
+#include <immintrin.h>
+#endif
+
+#define KVT__INLINE static inline __attribute__((always_inline))
+
+#if KVT__ISA == 2
+typedef __m512 vf;
+#define VW 16u
+#define GBK 4u /* query heads per K-pass block */
+#define NVT 4u /* vectors per V-pass tile */
+KVT__INLINE __mmask16 v_mask(uint32_t n)
+{
+    return (__mmask16)((1u << n) - 1u);
+}
+KVT__INLINE vf v_zero(void) { return _mm512_setzero_ps(); }
+KVT__INLINE vf v_set1(float x) { return _mm512_set1_ps(x); }
+KVT__INLINE vf v_fma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
+KVT__INLINE vf v_mul(vf a, vf b) { return _mm512_mul_ps(a, b); }
+KVT__INLINE vf v_ldf(const float *p, uint32_t n)
+{
+    return n >= VW ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps(v_mask(n), p);
+}
+KVT__INLINE void v_stf(float *p, vf a, uint32_t n)
+{
+    if (n >= VW)
+        _mm512_storeu_ps(p, a);
+    else
+        _mm512_mask_storeu_ps(p, v_mask(n), a);
+}
+KVT__INLINE vf v_ldh(const uint16_t *p, uint32_t n)
+{
+    __m256i h = n >= VW ? _mm256_loadu_si256((const __m256i *)p)
+                        : _mm256_maskz_loadu_epi16(v_mask(n), p);
+    return _mm512_cvtph_ps(h);
+}
+KVT__INLINE vf v_ldb(const uint16_t *p, uint32_t n)
+{
+    __m256i h = n >= VW ? _mm256_loadu_si256((const __m256i *)p)
+                        : _mm256_maskz_loadu_epi16(v_mask(n), p);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+KVT__INLINE float v_hsum(vf a) { return _mm512_reduce_add_ps(a); }
+/* out[i] = sum of the lanes of vector i. */
+KVT__INLINE void v_hsum4(vf a, vf b, vf c, vf d, float *out)
+{
+    __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
+    __m512 cd = _mm512_add_ps(_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));
+    __m512 abcd = _mm512_add_ps(
+        _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(ab), _mm512_castps_pd(cd))),
+        _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(ab), _mm512_castps_pd(cd))));
+    /* Each 128-bit lane now holds partial sums (a, b, c, d). */
+    __m256 h = _mm256_add_ps(_mm512_castps512_ps256(abcd),
+                             _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(abcd), 1)));
+    __m128 r = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    _mm_storeu_ps(out, r);
+}
+KVT__INLINE vf v_exp(vf x)
+{
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.3f));
+    x = _mm512_min_ps(x, _mm512_set1_ps(88.3f));
+    vf n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504089f)),
+                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    vf r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    vf y = _mm512_set1_ps(1.9875691500e-4f);
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
+    y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    return _mm512_mul_ps(y, _mm512_castsi512_ps(e));
+}
+KVT__INLINE float v_hmax(vf a) { return _mm512_reduce_max_ps(a); }
+KVT__INLINE vf v_max(vf a, vf b) { return _mm512_max_ps(a, b); }
+
+#elif KVT__ISA == 1
+typedef __m256 vf;
+#define VW 8u
+#define GBK 2u
+#define NVT 2u
+/* head_dim is a multiple of 8, so AVX2 rows never have a partial vector. */
+KVT__INLINE vf v_zero(void) { return _mm256_setzero_ps(); }
+KVT__INLINE vf v_set1(float x) { return _mm256_set1_ps(x); }
+KVT__INLINE vf v_fma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
+KVT__INLINE vf v_mul(vf a, vf b) { return _mm256_mul_ps(a, b); }
+KVT__INLINE vf v_ldf(const float *p, uint32_t n) { (void)n; return _mm256_loadu_ps(p); }
+KVT__INLINE void v_stf(float *p, vf a, uint32_t n) { (void)n; _mm256_storeu_ps(p, a); }
+KVT__INLINE vf v_ldh(const uint16_t *p, uint32_t n)
+{
+    (void)n;
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+}
+KVT__INLINE vf v_ldb(const uint16_t *p, uint32_t n)
+{
+    (void)n;
+    __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+}
+KVT__INLINE float v_hsum(vf a)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+KVT__INLINE void v_hsum4(vf a, vf b, vf c, vf d, float *out)
+{
+    __m256 ab = _mm256_add_ps(_mm256_unpacklo_ps(a, b), _mm256_unpackhi_ps(a, b));
+    __m256 cd = _mm256_add_ps(_mm256_unpacklo_ps(c, d), _mm256_unpackhi_ps(c, d));
+    __m256 abcd = _mm256_add_ps(
+        _mm256_castpd_ps(_mm256_unpacklo_pd(_mm256_castps_pd(ab), _mm256_castps_pd(cd))),
+        _mm256_castpd_ps(_mm256_unpackhi_pd(_mm256_castps_pd(ab), _mm256_castps_pd(cd))));
+    __m128 r = _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
+    _mm_storeu_ps(out, r);
+}
+KVT__INLINE vf v_exp(vf x)
+{
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));
+    x = _mm256_min_ps(x, _mm256_set1_ps(88.3f));
+    vf n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504089f)),
+                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    vf r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    vf y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+KVT__INLINE vf v_max(vf a, vf b) { return _mm256_max_ps(a, b); }
+KVT__INLINE float v_hmax(vf a)
+{
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_max_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+#else /* portable: one-lane "vectors" */
+typedef float vf;
+#define VW 1u
+#define GBK 4u
+#define NVT 4u
+KVT__INLINE vf v_zero(void) { return 0.0f; }
+KVT__INLINE vf v_set1(float x) { return x; }
+KVT__INLINE vf v_fma(vf a, vf b, vf c) { return a * b + c; }
+KVT__INLINE vf v_mul(vf a, vf b) { return a * b; }
+KVT__INLINE vf v_ldf(const float *p, uint32_t n) { (void)n; return *p; }
+KVT__INLINE void v_stf(float *p, vf a, uint32_t n) { (void)n; *p = a; }
+KVT__INLINE vf v_ldh(const uint16_t *p, uint32_t n) { (void)n; return kvt__f16_to_f32(*p); }
+KVT__INLINE vf v_ldb(const uint16_t *p, uint32_t n) { (void)n; return kvt__bf16_to_f32(*p); }
+KVT__INLINE float v_hsum(vf a) { return a; }
+KVT__INLINE void v_hsum4(vf a, vf b, vf c, vf d, float *out)
+{
+    out[0] = a;
+    out[1] = b;
+    out[2] = c;
+    out[3] = d;
+}
+KVT__INLINE vf v_exp(vf x) { return expf(x); }
+KVT__INLINE vf v_max(vf a, vf b) { return a > b ? a : b; }
+KVT__INLINE float v_hmax(vf a) { return a; }
+#endif
+
+/* Loads up to VW elements of a row of dtype dt at element offset i. */
+KVT__INLINE vf v_ld(kvt_dtype dt, const uint8_t *row, uint32_t i, uint32_t n)
+{
+    if (dt == KVT_DTYPE_F32)
+        return v_ldf((const float *)row + i, n);
+    if (dt == KVT_DTYPE_F16)
+        return v_ldh((const uint16_t *)row + i, n);
+    return v_ldb((const uint16_t *)row + i, n);
+}
+
+KVT__INLINE uint32_t kvt__min_u32(uint32_t a, uint32_t b)
+{
+    return a < b ? a : b;
+}
+
+/* ---- exp and sum --------------------------------------------------------- */
+/* x[i] = exp(x[i] - sub) for i < n; returns the sum. */
+static float kvt__expsum(float *x, uint32_t n, float sub)
+{
+    vf s = v_zero(), m = v_set1(sub);
+    uint32_t i = 0;
+#if KVT__ISA == 2
+    for (; i < n; i += VW) {
+        uint32_t k = kvt__min_u32(VW, n - i);
+        vf e = v_exp(_mm512_sub_ps(v_ldf(x + i, k), m));
+        e = k < VW ? _mm512_maskz_mov_ps(v_mask(k), e) : e;
+        v_stf(x + i, e, k);
+        s = _mm512_add_ps(s, e);
+    }
+    return v_hsum(s);
+#elif KVT__ISA == 1
+    for (; i + VW <= n; i += VW) {
+        vf e = v_exp(_mm256_sub_ps(_mm256_loadu_ps(x + i), m));
+        _mm256_storeu_ps(x + i, e);
+        s = _mm256_add_ps(s, e);
+    }
+    float t = v_hsum(s);
+    for (; i < n; i++) {
+        x[i] = expf(x[i] - sub);
+        t += x[i];
+    }
+    return t;
+#else
+    (void)m;
+    float t = s;
+    for (; i < n; i++) {
+        x[i] = expf(x[i] - sub);
+        t += x[i];
+    }
+    return t;
+#endif
+}
+
+static float kvt__rowmax(const float *x, uint32_t n)
+{
+    float mx = -INFINITY;
+    uint32_t i = 0;
+#if KVT__ISA > 0
+    if (n >= VW) {
+        vf m = v_ldf(x, VW);
+        for (i = VW; i + VW <= n; i += VW)
+            m = v_max(m, v_ldf(x + i, VW));
+        mx = v_hmax(m);
+    }
+#endif
+    for (; i < n; i++)
+        mx = x[i] > mx ? x[i] : mx;
+    return mx;
+}
+
+/* ---- K pass -------------------------------------------------------------- */
+/* s[g * P + t] = q_g . k_t for g < GB query heads (q rows D apart) and the
+ * first nt tokens of the page's key rows K. */
+KVT__INLINE void kvt__kdot(kvt_dtype dt, uint32_t GB, const float *q, const uint8_t *K,
+                           uint32_t D, uint32_t nt, float *s, uint32_t P)
+{
+    const size_t row = (size_t)D * (dt == KVT_DTYPE_F32 ? 4u : 2u);
+    uint32_t t = 0;
+    for (; t + 4 <= nt; t += 4) {
+        vf a[4][GBK];
+        for (uint32_t j = 0; j < 4; j++)
+            for (uint32_t g = 0; g < GB; g++)
+                a[j][g] = v_zero();
+        for (uint32_t d = 0; d < D; d += VW) {
+            const uint32_t n = kvt__min_u32(VW, D - d);
+            vf k0 = v_ld(dt, K + (t + 0) * row, d, n);
+            vf k1 = v_ld(dt, K + (t + 1) * row, d, n);
+            vf k2 = v_ld(dt, K + (t + 2) * row, d, n);
+            vf k3 = v_ld(dt, K + (t + 3) * row, d, n);
+            for (uint32_t g = 0; g < GB; g++) {
+                vf qq = v_ldf(q + (size_t)g * D + d, n);
+                a[0][g] = v_fma(qq, k0, a[0][g]);
+                a[1][g] = v_fma(qq, k1, a[1][g]);
+                a[2][g] = v_fma(qq, k2, a[2][g]);
+                a[3][g] = v_fma(qq, k3, a[3][g]);
+            }
+        }
+        for (uint32_t g = 0; g < GB; g++)
+            v_hsum4(a[0][g], a[1][g], a[2][g], a[3][g], s + (size_t)g * P + t);
+    }
+    for (; t < nt; t++) {
+        vf a[GBK];
+        for (uint32_t g = 0; g < GB; g++)
+            a[g] = v_zero();
+        for (uint32_t d = 0; d < D; d += VW) {
+            const uint32_t n = kvt__min_u32(VW, D - d);
+            vf k0 = v_ld(dt, K + t * row, d, n);
+            for (uint32_t g = 0; g < GB; g++)
+                a[g] = v_fma(v_ldf(q + (size_t)g * D + d, n), k0, a[g]);
+        }
+        for (uint32_t g = 0; g < GB; g++)
+            s[(size_t)g * P + t] = v_hsum(a[g]);
+    }
+}
+
+/* ---- V pass -------------------------------------------------------------- */
+/* acc_g += sum_t p[g * P + t] * v_t for g < GB. */
+KVT__INLINE void kvt__vacc(kvt_dtype dt, uint32_t GB, const float *p, const uint8_t *V,
+                           uint32_t D, uint32_t nt, float *acc, uint32_t P)
+{
+    const size_t row = (size_t)D * (dt == KVT_DTYPE_F32 ? 4u : 2u);
+    uint32_t d = 0;
+    for (; d + NVT * VW <= D; d += NVT * VW) {
+        vf a[GBK][NVT];
+        for (uint32_t g = 0; g < GB; g++)
+            for (uint32_t j = 0; j < NVT; j++)
+                a[g][j] = v_ldf(acc + (size_t)g * D + d + j * VW, VW);
+        for (uint32_t t = 0; t < nt; t++) {
+            vf v[NVT];
+            for (uint32_t j = 0; j < NVT; j++)
+                v[j] = v_ld(dt, V + t * row, d + j * VW, VW);
+            for (uint32_t g = 0; g < GB; g++) {
+                vf w = v_set1(p[(size_t)g * P + t]);
+                for (uint32_t j = 0; j < NVT; j++)
+                    a[g][j] = v_fma(w, v[j], a[g][j]);
+            }
+        }
+        for (uint32_t g = 0; g < GB; g++)
+            for (uint32_t j = 0; j < NVT; j++)
+                v_stf(acc + (size_t)g * D + d + j * VW, a[g][j], VW);
+    }
+    for (; d < D; d += VW) {
+        const uint32_t n = kvt__min_u32(VW, D - d);
+        vf a[GBK];
+        for (uint32_t g = 0; g < GB; g++)
+            a[g] = v_ldf(acc + (size_t)g * D + d, n);
+        for (uint32_t t = 0; t < nt; t++) {
+            vf v0 = v_ld(dt, V + t * row, d, n);
+            for (uint32_t g = 0; g < GB; g++)
+                a[g] = v_fma(v_set1(p[(size_t)g * P + t]), v0, a[g]);
+        }
+        for (uint32_t g = 0; g < GB; g++)
+            v_stf(acc + (size_t)g * D + d, a[g], n);
+    }
+}
+
+/* ---- attention over a run of pages ---------------------------------------- */
+KVT__INLINE void kvt__attn_dt(kvt_dtype dt, const kvt__attn_shape *sh, const float *q,
+                              const uint8_t *const *blocks, const uint32_t *ntok, uint32_t n,
+                              float *m, float *l, float *acc, float *sbuf)
+{
+    const uint32_t G = sh->G, D = sh->D, P = sh->P;
+    const size_t row = (size_t)D * (dt == KVT_DTYPE_F32 ? 4u : 2u);
+    for (uint32_t i = 0; i < n; i++) {
+        const uint8_t *K = blocks[i], *V = blocks[i] + (size_t)P * row;
+        const uint32_t nt = ntok[i];
+        if (i + 1 < n) /* the next block's first lines; the rest streams */
+            __builtin_prefetch(blocks[i + 1], 0, 0);
+        uint32_t g = 0;
+        for (; g + GBK <= G; g += GBK)
+            kvt__kdot(dt, GBK, q + (size_t)g * D, K, D, nt, sbuf + (size_t)g * P, P);
+        for (; g < G; g++)
+            kvt__kdot(dt, 1, q + (size_t)g * D, K, D, nt, sbuf + (size_t)g * P, P);
+        for (g = 0; g < G; g++) {
+            float *sg = sbuf + (size_t)g * P;
+            const float mx = kvt__rowmax(sg, nt);
+            const float mnew = mx > m[g] ? mx : m[g];
+            if (mnew == -INFINITY) { /* every score so far is -inf */
+                memset(sg, 0, nt * sizeof *sg);
+                continue;
+            }
+            const float alpha = m[g] == -INFINITY ? 0.0f : expf(m[g] - mnew);
+            const float sum = kvt__expsum(sg, nt, mnew);
+            l[g] = l[g] * alpha + sum;
+            if (alpha != 1.0f) {
+                float *ag = acc + (size_t)g * D;
+                for (uint32_t d = 0; d < D; d++)
+                    ag[d] *= alpha;
+            }
+            m[g] = mnew;
+        }
+        for (g = 0; g + GBK <= G; g += GBK)
+            kvt__vacc(dt, GBK, sbuf + (size_t)g * P, V, D, nt, acc + (size_t)g * D, P);
+        for (; g < G; g++)
+            kvt__vacc(dt, 1, sbuf + (size_t)g * P, V, D, nt, acc + (size_t)g * D, P);
+    }
+}
+
+static void kvt__attn(const kvt__attn_shape *sh, const float *q, const uint8_t *const *blocks,
+                      const uint32_t *ntok, uint32_t n, float *m, float *l, float *acc,
+                      float *sbuf)
+{
+    switch (sh->dtype) {
+    case KVT_DTYPE_F16:
+        kvt__attn_dt(KVT_DTYPE_F16, sh, q, blocks, ntok, n, m, l, acc, sbuf);
+        break;
+    case KVT_DTYPE_BF16:
+        kvt__attn_dt(KVT_DTYPE_BF16, sh, q, blocks, ntok, n, m, l, acc, sbuf);
+        break;
+    default:
+        kvt__attn_dt(KVT_DTYPE_F32, sh, q, blocks, ntok, n, m, l, acc, sbuf);
+        break;
+    }
+}
+
+/* ---- page scoring from the metadata store ---------------------------------- */
+/* MINMAX: qa = max(q, 0), qb = min(q, 0); the bound is qa.kmax + qb.kmin
+ * (= sum_d max(q_d kmin_d, q_d kmax_d)). MEAN: qa = q against the mean row.
+ * S[g * stride + i] for page i of n. */
+KVT__INLINE void kvt__score_dt(kvt_dtype dt, uint32_t method, const kvt__attn_shape *sh,
+                               const float *qa, const float *qb, const uint8_t *meta_base,
+                               uint64_t meta_bytes, const uint32_t *slots, uint32_t n,
+                               float *S, size_t stride)
+{
+    const uint32_t G = sh->G, D = sh->D;
+    const size_t row = (size_t)D * (dt == KVT_DTYPE_F32 ? 4u : 2u);
+    for (uint32_t i = 0; i < n; i++) {
+        const uint8_t *mb = meta_base + (size_t)slots[i] * meta_bytes;
+        if (i + 2 < n)
+            __builtin_prefetch(meta_base + (size_t)slots[i + 2] * meta_bytes, 0, 0);
+        uint32_t g = 0;
+        for (; g < G; g += 4) {
+            const uint32_t gb = kvt__min_u32(4, G - g);
+            vf a[4] = {v_zero(), v_zero(), v_zero(), v_zero()};
+            for (uint32_t d = 0; d < D; d += VW) {
+                const uint32_t nn = kvt__min_u32(VW, D - d);
+                if (method == KVT_SCORE_MINMAX) {
+                    vf lo = v_ld(dt, mb, d, nn), hi = v_ld(dt, mb + row, d, nn);
+                    for (uint32_t k = 0; k < 4; k++)
+                        if (k < gb)
+                            a[k] = v_fma(v_ldf(qa + (size_t)(g + k) * D + d, nn), hi,
+                                         v_fma(v_ldf(qb + (size_t)(g + k) * D + d, nn), lo,
+                                               a[k]));
+                } else {
+                    vf mean = v_ld(dt, mb + 2 * row, d, nn);
+                    for (uint32_t k = 0; k < 4; k++)
+                        if (k < gb)
+                            a[k] = v_fma(v_ldf(qa + (size_t)(g + k) * D + d, nn), mean, a[k]);
+                }
+            }
+            float r[4];
+            v_hsum4(a[0], a[1], a[2], a[3], r);
+            for (uint32_t k = 0; k < gb; k++)
+                S[(size_t)(g + k) * stride + i] = r[k];
+        }
+    }
+}
+
+static void kvt__score(const kvt__attn_shape *sh, uint32_t method, const float *qa,
+                       const float *qb, const uint8_t *meta_base, uint64_t meta_bytes,
+                       const uint32_t *slots, uint32_t n, float *S, size_t stride)
+{
+    switch (sh->dtype) {
+    case KVT_DTYPE_F16:
+        kvt__score_dt(KVT_DTYPE_F16, method, sh, qa, qb, meta_base, meta_bytes, slots, n, S,
+                      stride);
+        break;
+    case KVT_DTYPE_BF16:
+        kvt__score_dt(KVT_DTYPE_BF16, method, sh, qa, qb, meta_base, meta_bytes, slots, n, S,
+                      stride);
+        break;
+    default:
+        kvt__score_dt(KVT_DTYPE_F32, method, sh, qa, qb, meta_base, meta_bytes, slots, n, S,
+                      stride);
+        break;
+    }
+}
+
+const kvt__kernels KVT__KERN_NAME = {
+    .name = KVT__KERN_STR,
+    .attn = kvt__attn,
+    .score = kvt__score,
+    .expsum = kvt__expsum,
+};

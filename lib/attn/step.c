@@ -1,0 +1,745 @@
+/* The per-step plan and the per-layer calls: append, select, sparse decode.
+ *
+ * kvt_step_plan checks the sequences, reserves block-table room, decides
+ * which heads rerank, and sizes every buffer the per-layer calls use; those
+ * calls then only run kernels over the pool's worker threads. The pool owns
+ * one step workspace, reused by every plan, so a finished step handle stays
+ * valid memory and reports KVT_ESTATE instead of being a dangling pointer. */
+#include <math.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../core/internal.h"
+
+#define KVT__STEP_OPTS_V1 24u
+_Static_assert(offsetof(kvt_step_opts, reserved) + 4 == KVT__STEP_OPTS_V1, "step opts v1");
+#define KVT__KNOWN_STEP_FLAGS (KVT_STEP_DENSE)
+
+/* Pages per decode task. Fixed, so that the split (and the floating-point
+ * merge order) depends on the selection only, never on the thread count. */
+#define KVT__CHUNK_PAGES 32u
+#define KVT__NO_LAYER 0xffffffffu
+
+struct kvt_step {
+    kvt_pool *pool;
+    bool open;
+    const kvt_selector *sel;
+    uint32_t flags;
+    float scale;
+    uint32_t n;               /* sequences */
+    uint32_t L, H, Hq, G, D, P;
+
+    uint32_t cap_n;
+    kvt_seq_id *ids;          /* [n] */
+    kvt__seq **seqs;          /* [n] */
+    uint32_t *expect;         /* [n * L] tokens each layer should hold */
+    uint8_t *due;             /* [n * L * H] rerank this step */
+    uint8_t *appended;        /* [L] */
+    uint32_t sel_layer;       /* layer of the current selection */
+
+    uint32_t *sel_off, *sel_cnt; /* [n * H] */
+    uint8_t *sel_rr;          /* [n * H] rescored */
+    uint32_t *task0, *ntask;  /* [n * H] decode tasks of each (seq, head) */
+    _Atomic uint32_t *pending; /* [n * H] tasks left before the merge */
+    size_t cap_sel;
+    uint32_t *sel_pages;      /* [cap_sel] */
+    size_t cap_tasks;
+    uint32_t *task_ih, *task_first, *task_count; /* [cap_tasks] */
+    size_t cap_part;
+    float *part;              /* [cap_tasks][2G + G*D] */
+    uint32_t n_threads;
+    size_t tstride, cap_tmem;
+    uint8_t *tmem;            /* [n_threads][tstride] */
+
+    /* Arguments of the running job. */
+    uint32_t layer;
+    const float *q;
+    float *out, *lse;
+    _Atomic int err;
+};
+
+void kvt__step_free(struct kvt_step *st)
+{
+    if (!st)
+        return;
+    free(st->ids);
+    free(st->seqs);
+    free(st->expect);
+    free(st->due);
+    free(st->appended);
+    free(st->sel_off);
+    free(st->sel_cnt);
+    free(st->sel_rr);
+    free(st->task0);
+    free(st->ntask);
+    free((void *)st->pending);
+    free(st->sel_pages);
+    free(st->task_ih);
+    free(st->task_first);
+    free(st->task_count);
+    free(st->part);
+    free(st->tmem);
+    free(st);
+}
+
+KVT_API int kvt_step_opts_init(kvt_step_opts *opts)
+{
+    KVT__CHECK_NULL(opts);
+    memset(opts, 0, sizeof *opts);
+    opts->struct_size = (uint32_t)sizeof *opts;
+    return 0;
+}
+
+/* Grows *p to hold n elements of size sz (contents not kept). */
+static int kvt__grow(void **p, size_t *cap, size_t n, size_t sz, const char *what)
+{
+    if (n <= *cap && *p)
+        return 0;
+    if (n > SIZE_MAX / sz)
+        return kvt__err(KVT_EOVERFLOW, "step: %s of %zu entries overflow", what, n);
+    void *q = malloc(n * sz != 0 ? n * sz : 1);
+    if (!q)
+        return kvt__err(KVT_ENOMEM, "step: cannot allocate %s (%zu bytes)", what, n * sz);
+    free(*p);
+    *p = q;
+    *cap = n;
+    return 0;
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* Makes sure a sequence can keep its last top-K pages per (layer, head). */
+static int kvt__seq_topk_reserve(const kvt_pool *p, kvt__seq *s, uint32_t cap)
+{
+    if (s->topk && cap <= s->topk_cap)
+        return 0;
+    const size_t lh = (size_t)p->g.n_layers * p->g.n_kv_heads;
+    if (cap > 0 && lh > SIZE_MAX / sizeof(uint32_t) / cap)
+        return kvt__err(KVT_EOVERFLOW, "step: top-K storage of %zu heads x %u pages overflows",
+                        lh, cap);
+    uint32_t *t = malloc(lh * (size_t)(cap ? cap : 1) * sizeof *t);
+    uint32_t *n = s->topk_n ? s->topk_n : calloc(lh, sizeof *n);
+    uint32_t *k = s->topk_k ? s->topk_k : calloc(lh, sizeof *k);
+    if (!t || !n || !k) {
+        free(t);
+        if (n != s->topk_n)
+            free(n);
+        if (k != s->topk_k)
+            free(k);
+        return kvt__err(KVT_ENOMEM, "step: cannot allocate top-K storage (%u pages per head)",
+                        cap);
+    }
+    free(s->topk);
+    memset(k, 0, lh * sizeof *k); /* nothing kept: every head reranks next */
+    memset(n, 0, lh * sizeof *n);
+    s->topk = t;
+    s->topk_n = n;
+    s->topk_k = k;
+    s->topk_cap = cap;
+    return 0;
+}
+
+KVT_API int kvt_step_plan(kvt_pool *pool, const kvt_seq_id *seqs, uint32_t n_seqs,
+                          const kvt_step_opts *opts, kvt_step **out)
+{
+    kvt_step_opts o;
+    int rc;
+    KVT__CHECK_NULL(out);
+    *out = NULL;
+    KVT__CHECK_NULL(pool);
+    KVT__CHECK_NULL(seqs);
+    if (opts) {
+        rc = kvt__opts_copy(&o, sizeof o, opts, KVT__STEP_OPTS_V1, "opts");
+        if (rc)
+            return rc;
+    } else {
+        kvt_step_opts_init(&o);
+    }
+    if (n_seqs == 0)
+        return kvt__err(KVT_EINVAL, "n_seqs: must be at least 1");
+    if (n_seqs > pool->max_seqs)
+        return kvt__err(KVT_EINVAL, "n_seqs: %u is above the pool's max_seqs %u", n_seqs,
+                        pool->max_seqs);
+    if (o.flags & ~KVT__KNOWN_STEP_FLAGS)
+        return kvt__err(KVT_EINVAL, "opts->flags: unknown bits 0x%x",
+                        o.flags & ~KVT__KNOWN_STEP_FLAGS);
+    if (o.reserved)
+        return kvt__err(KVT_EINVAL, "opts->reserved: must be zero");
+    if (!(o.scale >= 0.0f) || isinf(o.scale))
+        return kvt__err(KVT_EINVAL, "opts->scale: %g is not a finite value >= 0",
+                        (double)o.scale);
+    const bool dense = (o.flags & KVT_STEP_DENSE) != 0;
+    if (!dense && !o.selector)
+        return kvt__err(KVT_EINVAL, "opts->selector: NULL needs flags KVT_STEP_DENSE");
+    if (o.selector) {
+        rc = kvt__selector_match(o.selector, pool);
+        if (rc)
+            return rc;
+    }
+    if (pool->step && pool->step->open)
+        return kvt__err(KVT_ESTATE, "pool: a step is still open (call kvt_step_finish)");
+
+    const uint32_t L = pool->g.n_layers, H = pool->g.n_kv_heads, P = pool->g.page_tokens;
+    const uint32_t Hq = pool->g.n_q_heads, G = Hq / H, D = pool->g.head_dim;
+
+    /* Sequences: live and distinct. */
+    kvt__seq **ss = malloc((size_t)n_seqs * sizeof *ss);
+    uint64_t *sorted = malloc((size_t)n_seqs * sizeof *sorted);
+    if (!ss || !sorted) {
+        free(ss);
+        free(sorted);
+        return kvt__err(KVT_ENOMEM, "kvt_step_plan: cannot allocate for %u sequences", n_seqs);
+    }
+    for (uint32_t i = 0; i < n_seqs; i++) {
+        rc = kvt__seq_lookup(pool, seqs[i], &ss[i]);
+        if (rc) {
+            kvt__err(rc, "seqs[%u]: id 0x%llx names no live sequence of this pool", i,
+                     (unsigned long long)seqs[i]);
+            goto out_free;
+        }
+        sorted[i] = seqs[i];
+    }
+    qsort(sorted, n_seqs, sizeof *sorted, cmp_u64);
+    for (uint32_t i = 1; i < n_seqs; i++)
+        if (sorted[i] == sorted[i - 1]) {
+            rc = kvt__err(KVT_EINVAL, "seqs: id 0x%llx appears twice",
+                          (unsigned long long)sorted[i]);
+            goto out_free;
+        }
+
+    /* Room for one more token per sequence and layer: blocks now, table
+     * capacity reserved so that kvt_append never allocates. */
+    uint64_t need = 0, sel_total = 0, task_total = 0;
+    uint32_t np_max = 1;
+    uint32_t kmax = 0, smax = 0, lmax = 0, imax = 1;
+    if (o.selector) {
+        const size_t nb = (size_t)L * H;
+        for (size_t b = 0; b < nb; b++) {
+            kmax = o.selector->k[b] > kmax ? o.selector->k[b] : kmax;
+            smax = o.selector->sink[b] > smax ? o.selector->sink[b] : smax;
+            lmax = o.selector->local[b] > lmax ? o.selector->local[b] : lmax;
+            imax = o.selector->interval[b] > imax ? o.selector->interval[b] : imax;
+        }
+    }
+    for (uint32_t i = 0; i < n_seqs; i++) {
+        kvt__seq *s = ss[i];
+        uint32_t tmax = 0;
+        for (uint32_t l = 0; l < L; l++) {
+            const uint32_t t = s->n_tokens[l];
+            tmax = t > tmax ? t : tmax;
+            if (t < s->max_tokens && t % P == 0)
+                need += H;
+        }
+        const uint32_t t1 = tmax < s->max_tokens ? tmax + 1 : tmax;
+        const uint32_t np = kvt__pages_for(pool, t1);
+        rc = kvt__seq_reserve(pool, s, np);
+        if (rc)
+            goto out_free;
+        if (!dense && imax > 1) {
+            rc = kvt__seq_topk_reserve(pool, s, kmax < s->cap_pages ? kmax : s->cap_pages);
+            if (rc)
+                goto out_free;
+        }
+        np_max = np > np_max ? np : np_max;
+        const uint32_t b = dense ? np : kvt__sel_bound(np, kmax, smax, lmax);
+        sel_total += (uint64_t)b * H;
+        task_total += (uint64_t)((b + KVT__CHUNK_PAGES - 1) / KVT__CHUNK_PAGES) * H;
+    }
+    if (need > pool->tier[KVT_TIER_DEVICE].n_free) {
+        rc = kvt__err(KVT_ENOSPC, "device tier: the step's appends need up to %llu blocks, "
+                      "%u free", (unsigned long long)need, pool->tier[KVT_TIER_DEVICE].n_free);
+        goto out_free;
+    }
+    if (need > pool->meta.n_free) {
+        rc = kvt__err(KVT_ENOSPC, "metadata store: the step's appends need up to %llu pages, "
+                      "%u free", (unsigned long long)need, pool->meta.n_free);
+        goto out_free;
+    }
+
+    /* The workspace. */
+    if (!pool->tp.inited) {
+        rc = kvt__tp_init(&pool->tp, pool->n_threads);
+        if (rc) {
+            kvt__tp_fini(&pool->tp);
+            goto out_free;
+        }
+    }
+    if (!pool->step) {
+        pool->step = calloc(1, sizeof *pool->step);
+        if (!pool->step) {
+            rc = kvt__err(KVT_ENOMEM, "kvt_step_plan: cannot allocate the step");
+            goto out_free;
+        }
+        pool->step->pool = pool;
+        pool->step->appended = calloc(L, 1);
+        if (!pool->step->appended) {
+            free(pool->step);
+            pool->step = NULL;
+            rc = kvt__err(KVT_ENOMEM, "kvt_step_plan: cannot allocate the step");
+            goto out_free;
+        }
+    }
+    kvt_step *st = pool->step;
+    const size_t nh = (size_t)n_seqs * H, nlh = (size_t)n_seqs * L * H;
+    if (n_seqs > st->cap_n) {
+        size_t c = 0;
+        void *p;
+#define KVT__REALLOC(field, count)                                                         \
+    do {                                                                                   \
+        c = 0;                                                                             \
+        p = st->field;                                                                     \
+        st->field = NULL;                                                                  \
+        free(p);                                                                           \
+        rc = kvt__grow((void **)&st->field, &c, (count), sizeof *st->field, #field);       \
+        if (rc)                                                                            \
+            goto out_reset;                                                                \
+    } while (0)
+        KVT__REALLOC(ids, n_seqs);
+        KVT__REALLOC(seqs, n_seqs);
+        KVT__REALLOC(expect, (size_t)n_seqs * L);
+        KVT__REALLOC(due, nlh);
+        KVT__REALLOC(sel_off, nh);
+        KVT__REALLOC(sel_cnt, nh);
+        KVT__REALLOC(sel_rr, nh);
+        KVT__REALLOC(task0, nh);
+        KVT__REALLOC(ntask, nh);
+        KVT__REALLOC(pending, nh);
+#undef KVT__REALLOC
+        st->cap_n = n_seqs;
+    }
+    const size_t part_floats = 2u * (size_t)G + (size_t)G * D;
+    if (task_total > SIZE_MAX / sizeof(float) / part_floats) {
+        rc = kvt__err(KVT_EOVERFLOW, "step: %llu decode tasks overflow",
+                      (unsigned long long)task_total);
+        goto out_reset;
+    }
+    if ((rc = kvt__grow((void **)&st->sel_pages, &st->cap_sel, sel_total, sizeof(uint32_t),
+                        "selection")))
+        goto out_reset;
+    size_t c1 = st->cap_tasks, c2 = st->cap_tasks, c3 = st->cap_tasks;
+    if ((rc = kvt__grow((void **)&st->task_ih, &c1, task_total, sizeof(uint32_t), "tasks")) ||
+        (rc = kvt__grow((void **)&st->task_first, &c2, task_total, sizeof(uint32_t), "tasks")) ||
+        (rc = kvt__grow((void **)&st->task_count, &c3, task_total, sizeof(uint32_t), "tasks"))) {
+        free(st->task_ih);
+        free(st->task_first);
+        free(st->task_count);
+        st->task_ih = st->task_first = st->task_count = NULL;
+        st->cap_tasks = 0;
+        goto out_reset;
+    }
+    st->cap_tasks = c1 < c2 ? (c1 < c3 ? c1 : c3) : (c2 < c3 ? c2 : c3);
+    if ((rc = kvt__grow((void **)&st->part, &st->cap_part, task_total * part_floats,
+                        sizeof(float), "partial results")))
+        goto out_reset;
+    size_t dec = ((size_t)G * D + (size_t)G * P) * sizeof(float) +
+                 KVT__CHUNK_PAGES * (sizeof(void *) + sizeof(uint32_t));
+    size_t selb = o.selector && !dense ? kvt__sel_scratch_bytes(G, D, np_max) : 0;
+    size_t tstride = ((dec > selb ? dec : selb) + 63u) & ~(size_t)63u;
+    const uint32_t nt = pool->tp.n_threads;
+    if ((rc = kvt__grow((void **)&st->tmem, &st->cap_tmem, (size_t)nt * tstride, 1,
+                        "thread scratch")))
+        goto out_reset;
+
+    /* Everything is in place: fill the plan. */
+    st->sel = o.selector;
+    st->flags = o.flags;
+    st->scale = o.scale > 0.0f ? o.scale : 1.0f / sqrtf((float)D);
+    st->n = n_seqs;
+    st->L = L;
+    st->H = H;
+    st->Hq = Hq;
+    st->G = G;
+    st->D = D;
+    st->P = P;
+    st->n_threads = nt;
+    st->tstride = tstride;
+    memcpy(st->ids, seqs, (size_t)n_seqs * sizeof *seqs);
+    memcpy(st->seqs, ss, (size_t)n_seqs * sizeof *ss);
+    memset(st->appended, 0, L);
+    st->sel_layer = KVT__NO_LAYER;
+    for (uint32_t i = 0; i < n_seqs; i++) {
+        kvt__seq *s = ss[i];
+        const uint32_t slot = (uint32_t)(seqs[i] & ((1u << KVT__ID_SLOT_BITS) - 1u)) - 1u;
+        for (uint32_t l = 0; l < L; l++) {
+            st->expect[(size_t)i * L + l] = s->n_tokens[l];
+            for (uint32_t h = 0; h < H; h++) {
+                const size_t b = (size_t)l * H + h;
+                uint8_t due = 1;
+                if (!dense && s->topk) {
+                    const uint32_t iv = o.selector->interval[b];
+                    due = iv <= 1 || s->topk_k[b] != o.selector->k[b] ||
+                          (s->steps + slot) % iv == 0;
+                }
+                st->due[(size_t)i * L * H + b] = due;
+            }
+        }
+    }
+    st->open = true;
+    free(ss);
+    free(sorted);
+    *out = st;
+    return 0;
+
+out_reset:
+    /* Capacity bookkeeping may be stale after a failed grow: start over. */
+    kvt__step_free(pool->step);
+    pool->step = NULL;
+out_free:
+    free(ss);
+    free(sorted);
+    return rc;
+}
+
+/* Checks a step and its sequences before a per-layer call. */
+static int kvt__step_enter(const kvt_step *st, uint32_t layer)
+{
+    KVT__CHECK_NULL(st);
+    if (!st->open)
+        return kvt__err(KVT_ESTATE, "step: already finished (a stale plan); call "
+                        "kvt_step_plan for a new step");
+    if (layer >= st->L)
+        return kvt__err(KVT_EINVAL, "layer: %u >= n_layers %u", layer, st->L);
+    for (uint32_t i = 0; i < st->n; i++) {
+        kvt__seq *s;
+        int rc = kvt__seq_lookup(st->pool, st->ids[i], &s);
+        if (rc)
+            return kvt__err(rc, "step: sequence %u (id 0x%llx) was released after the plan",
+                            i, (unsigned long long)st->ids[i]);
+        if (s->n_tokens[layer] != st->expect[(size_t)i * st->L + layer])
+            return kvt__err(KVT_ESTATE, "step: sequence %u has %u tokens in layer %u, the "
+                            "plan expects %u (appended outside the step: a stale plan)",
+                            i, s->n_tokens[layer], layer,
+                            st->expect[(size_t)i * st->L + layer]);
+    }
+    return 0;
+}
+
+KVT_API int kvt_step_finish(kvt_step *st)
+{
+    if (!st)
+        return 0;
+    if (!st->open)
+        return kvt__err(KVT_ESTATE, "step: already finished");
+    for (uint32_t i = 0; i < st->n; i++) {
+        kvt__seq *s;
+        if (kvt__seq_lookup(st->pool, st->ids[i], &s) == 0)
+            s->steps++;
+    }
+    kvt_clear_error();
+    st->open = false;
+    st->sel_layer = KVT__NO_LAYER;
+    return 0;
+}
+
+KVT_API int kvt_append(kvt_step *st, uint32_t layer, const void *k, const void *v,
+                       kvt_dtype src_dtype, uint64_t seq_stride)
+{
+    int rc = kvt__step_enter(st, layer);
+    if (rc)
+        return rc;
+    KVT__CHECK_NULL(k);
+    KVT__CHECK_NULL(v);
+    kvt_pool *p = st->pool;
+    const size_t src_elem = kvt_dtype_size(src_dtype);
+    if (src_elem == 0)
+        return kvt__err(KVT_EINVAL, "src_dtype: unknown dtype %u", src_dtype);
+    const uint64_t dense = (uint64_t)st->H * st->D;
+    if (seq_stride == 0)
+        seq_stride = dense;
+    if (seq_stride < dense)
+        return kvt__err(KVT_EINVAL, "seq_stride: %llu is below n_kv_heads * head_dim = %llu",
+                        (unsigned long long)seq_stride, (unsigned long long)dense);
+    uint64_t span;
+    if (!kvt__mul_u64(seq_stride, st->n, &span) || !kvt__mul_u64(span, src_elem, &span) ||
+        span > SIZE_MAX / 2)
+        return kvt__err(KVT_EOVERFLOW, "seq_stride: %u sequences x %llu elements overflow",
+                        st->n, (unsigned long long)seq_stride);
+    if (st->appended[layer])
+        return kvt__err(KVT_ESTATE, "layer: %u was already appended in this step", layer);
+    if (st->sel_layer == layer)
+        return kvt__err(KVT_ESTATE, "layer: %u was already selected in this step; append "
+                        "before kvt_step_select", layer);
+    uint64_t need = 0;
+    for (uint32_t i = 0; i < st->n; i++) {
+        const kvt__seq *s = st->seqs[i];
+        const uint32_t t = s->n_tokens[layer];
+        if (t >= s->max_tokens)
+            return kvt__err(KVT_ERANGE, "step: sequence %u is at its limit of %u tokens", i,
+                            s->max_tokens);
+        if (kvt__pages_for(p, t + 1) > s->cap_pages)
+            return kvt__err(KVT_EINTERNAL, "step: sequence %u's block table was not "
+                            "reserved by the plan", i);
+        if (t % st->P == 0)
+            need += st->H;
+    }
+    if (need > p->tier[KVT_TIER_DEVICE].n_free)
+        return kvt__err(KVT_ENOSPC, "device tier: %llu blocks needed for layer %u, %u free",
+                        (unsigned long long)need, layer, p->tier[KVT_TIER_DEVICE].n_free);
+    if (need > p->meta.n_free)
+        return kvt__err(KVT_ENOSPC, "metadata store: %llu pages needed, %u free",
+                        (unsigned long long)need, p->meta.n_free);
+    for (uint32_t i = 0; i < st->n; i++) {
+        const size_t off = (size_t)i * seq_stride * src_elem;
+        kvt__append_checked(p, st->seqs[i], layer, (const uint8_t *)k + off,
+                            (const uint8_t *)v + off, 1, src_dtype, dense);
+        st->expect[(size_t)i * st->L + layer]++;
+    }
+    st->appended[layer] = 1;
+    return 0;
+}
+
+/* ---- selection --------------------------------------------------------- */
+static void kvt__sel_task(void *ctx, uint32_t ih, uint32_t thread)
+{
+    kvt_step *st = ctx;
+    const kvt_pool *p = st->pool;
+    const uint32_t i = ih / st->H, h = ih % st->H, layer = st->layer;
+    kvt__seq *s = st->seqs[i];
+    const uint32_t tokens = s->n_tokens[layer];
+    const uint32_t np = kvt__pages_for(p, tokens);
+    uint32_t *out = st->sel_pages + st->sel_off[ih];
+    st->sel_rr[ih] = 0;
+    if (st->flags & KVT_STEP_DENSE) {
+        for (uint32_t j = 0; j < np; j++)
+            out[j] = j;
+        st->sel_cnt[ih] = np;
+        return;
+    }
+    const size_t b = (size_t)layer * st->H + h;
+    const kvt_selector *sel = st->sel;
+    kvt__sel_scratch sc;
+    kvt__sel_scratch_carve(&sc, st->tmem + (size_t)thread * st->tstride, st->G, st->D, np);
+    const bool due = st->due[(size_t)i * st->L * st->H + b] != 0;
+    uint32_t *keep = s->topk ? s->topk + b * s->topk_cap : NULL;
+    if (due && np) {
+        kvt__sel_score(sel, p, s, layer, h, st->q + ((size_t)i * st->Hq + (size_t)h * st->G) * st->D,
+                       np, &sc);
+        uint32_t nk = 0;
+        st->sel_cnt[ih] = kvt__sel_pick(np, tokens, st->P, sel->k[b], sel->sink[b],
+                                        sel->local[b], sc.vote, NULL, 0, &sc, out, keep, &nk);
+        if (keep) {
+            s->topk_n[b] = nk;
+            s->topk_k[b] = sel->k[b];
+        }
+        st->sel_rr[ih] = 1;
+    } else {
+        st->sel_cnt[ih] = kvt__sel_pick(np, tokens, st->P, sel->k[b], sel->sink[b],
+                                        sel->local[b], NULL, keep, keep ? s->topk_n[b] : 0, &sc,
+                                        out, NULL, NULL);
+    }
+}
+
+KVT_API int kvt_step_select(kvt_step *st, uint32_t layer, const float *q)
+{
+    int rc = kvt__step_enter(st, layer);
+    if (rc)
+        return rc;
+    const bool dense = (st->flags & KVT_STEP_DENSE) != 0;
+    if (!dense)
+        KVT__CHECK_NULL(q);
+    /* Offsets from each (sequence, head)'s bound; the plan sized sel_pages
+     * for the largest length a sequence can reach in this step. */
+    size_t off = 0;
+    for (uint32_t i = 0; i < st->n; i++) {
+        const uint32_t np = kvt__pages_for(st->pool, st->seqs[i]->n_tokens[layer]);
+        for (uint32_t h = 0; h < st->H; h++) {
+            const size_t b = (size_t)layer * st->H + h;
+            st->sel_off[(size_t)i * st->H + h] = (uint32_t)off;
+            off += dense ? np
+                         : kvt__sel_bound(np, st->sel->k[b], st->sel->sink[b], st->sel->local[b]);
+        }
+    }
+    if (off > st->cap_sel)
+        return kvt__err(KVT_EINTERNAL, "step: selection needs %zu entries, the plan sized %zu",
+                        off, st->cap_sel);
+    st->layer = layer;
+    st->q = q;
+    st->sel_layer = KVT__NO_LAYER;
+    kvt__tp_run(&st->pool->tp, kvt__sel_task, st, st->n * st->H);
+    st->sel_layer = layer;
+    return 0;
+}
+
+/* ---- sparse decode ------------------------------------------------------ */
+static void kvt__merge(kvt_step *st, uint32_t ih)
+{
+    const uint32_t G = st->G, D = st->D, i = ih / st->H, h = ih % st->H;
+    const size_t pf = 2u * (size_t)G + (size_t)G * D;
+    const uint32_t t0 = st->task0[ih], nt = st->ntask[ih];
+    float *out = st->out + ((size_t)i * st->Hq + (size_t)h * G) * D;
+    float *lse = st->lse ? st->lse + (size_t)i * st->Hq + (size_t)h * G : NULL;
+    for (uint32_t g = 0; g < G; g++) {
+        float M = -INFINITY;
+        for (uint32_t t = 0; t < nt; t++) {
+            const float m = st->part[(t0 + t) * pf + g];
+            M = m > M ? m : M;
+        }
+        float *o = out + (size_t)g * D;
+        memset(o, 0, D * sizeof *o);
+        float Lsum = 0.0f;
+        if (M != -INFINITY) {
+            for (uint32_t t = 0; t < nt; t++) {
+                const float *pt = st->part + (t0 + t) * pf;
+                if (pt[g] == -INFINITY)
+                    continue;
+                const float w = expf(pt[g] - M);
+                Lsum += pt[G + g] * w;
+                const float *acc = pt + 2u * G + (size_t)g * D;
+                for (uint32_t d = 0; d < D; d++)
+                    o[d] += acc[d] * w;
+            }
+        }
+        if (Lsum > 0.0f) {
+            const float inv = 1.0f / Lsum;
+            for (uint32_t d = 0; d < D; d++)
+                o[d] *= inv;
+        }
+        if (lse)
+            lse[g] = Lsum > 0.0f ? M + logf(Lsum) : -INFINITY;
+    }
+}
+
+static void kvt__dec_task(void *ctx, uint32_t t, uint32_t thread)
+{
+    kvt_step *st = ctx;
+    const kvt_pool *p = st->pool;
+    const uint32_t G = st->G, D = st->D, P = st->P;
+    const uint32_t ih = st->task_ih[t], i = ih / st->H, h = ih % st->H;
+    const kvt__seq *s = st->seqs[i];
+    const uint32_t tokens = s->n_tokens[st->layer];
+    uint8_t *mem = st->tmem + (size_t)thread * st->tstride;
+    float *qs = (float *)mem;
+    float *sbuf = qs + (size_t)G * D;
+    const uint8_t **blocks = (const uint8_t **)(void *)(sbuf + (size_t)G * P);
+    uint32_t *ntok = (uint32_t *)(void *)(blocks + KVT__CHUNK_PAGES);
+    const float *q = st->q + ((size_t)i * st->Hq + (size_t)h * G) * D;
+    for (size_t j = 0; j < (size_t)G * D; j++)
+        qs[j] = q[j] * st->scale;
+
+    const size_t pf = 2u * (size_t)G + (size_t)G * D;
+    float *m = st->part + (size_t)t * pf, *l = m + G, *acc = l + G;
+    for (uint32_t g = 0; g < G; g++) {
+        m[g] = -INFINITY;
+        l[g] = 0.0f;
+    }
+    memset(acc, 0, (size_t)G * D * sizeof *acc);
+
+    const uint32_t *sel = st->sel_pages + st->sel_off[ih] + st->task_first[t];
+    const uint32_t n = st->task_count[t];
+    const size_t base = kvt__lh(p, st->layer, h) * s->cap_pages;
+    for (uint32_t j = 0; j < n; j++) {
+        const uint32_t pg = sel[j];
+        const uint32_t db = s->dev_block[base + pg], hb = s->host_block[base + pg];
+        if (db)
+            blocks[j] = kvt__arena_block(&p->tier[KVT_TIER_DEVICE], db);
+        else if (hb) /* CPU backend: the host tier is readable in place */
+            blocks[j] = kvt__arena_block(&p->tier[KVT_TIER_HOST], hb);
+        else {
+            atomic_store(&st->err, 1);
+            blocks[j] = kvt__arena_block(&p->tier[KVT_TIER_DEVICE], 0); /* zeros */
+        }
+        const uint32_t left = tokens - pg * P;
+        ntok[j] = left < P ? left : P;
+    }
+    const kvt__attn_shape sh = {G, D, P, p->g.dtype};
+    p->kern->attn(&sh, qs, blocks, ntok, n, m, l, acc, sbuf);
+    if (atomic_fetch_sub_explicit(&st->pending[ih], 1, memory_order_acq_rel) == 1)
+        kvt__merge(st, ih);
+}
+
+KVT_API int kvt_sparse_decode(kvt_step *st, uint32_t layer, const float *q, float *out,
+                              float *lse)
+{
+    int rc = kvt__step_enter(st, layer);
+    if (rc)
+        return rc;
+    KVT__CHECK_NULL(q);
+    KVT__CHECK_NULL(out);
+    if (st->sel_layer != layer)
+        return kvt__err(KVT_ESTATE, "layer: %u has no selection in this step (call "
+                        "kvt_step_select or kvt_attend for it first)", layer);
+    const uint32_t G = st->G, D = st->D;
+    size_t nt = 0;
+    for (uint32_t ih = 0; ih < st->n * st->H; ih++) {
+        const uint32_t cnt = st->sel_cnt[ih];
+        const uint32_t k = (cnt + KVT__CHUNK_PAGES - 1) / KVT__CHUNK_PAGES;
+        if (nt + k > st->cap_tasks)
+            return kvt__err(KVT_EINTERNAL, "step: decode needs more than the %zu tasks the "
+                            "plan sized", st->cap_tasks);
+        st->task0[ih] = (uint32_t)nt;
+        st->ntask[ih] = k;
+        atomic_store_explicit(&st->pending[ih], k, memory_order_relaxed);
+        for (uint32_t c = 0; c < k; c++, nt++) {
+            st->task_ih[nt] = ih;
+            st->task_first[nt] = c * KVT__CHUNK_PAGES;
+            st->task_count[nt] = cnt - c * KVT__CHUNK_PAGES < KVT__CHUNK_PAGES
+                                     ? cnt - c * KVT__CHUNK_PAGES
+                                     : KVT__CHUNK_PAGES;
+        }
+        if (k == 0) { /* no tokens in this layer */
+            const uint32_t i = ih / st->H, h = ih % st->H;
+            memset(out + ((size_t)i * st->Hq + (size_t)h * G) * D, 0,
+                   (size_t)G * D * sizeof *out);
+            if (lse)
+                for (uint32_t g = 0; g < G; g++)
+                    lse[(size_t)i * st->Hq + (size_t)h * G + g] = -INFINITY;
+        }
+    }
+    st->layer = layer;
+    st->q = q;
+    st->out = out;
+    st->lse = lse;
+    atomic_store(&st->err, 0);
+    kvt__tp_run(&st->pool->tp, kvt__dec_task, st, (uint32_t)nt);
+    if (atomic_load(&st->err))
+        return kvt__err(KVT_EINTERNAL, "sparse decode: a selected page of layer %u has no "
+                        "copy in the device or host tier", layer);
+    return 0;
+}
+
+KVT_API int kvt_attend(kvt_step *st, uint32_t layer, const float *q, float *out, float *lse)
+{
+    KVT__CHECK_NULL(q);
+    KVT__CHECK_NULL(out);
+    int rc = kvt_step_select(st, layer, q);
+    if (rc)
+        return rc;
+    return kvt_sparse_decode(st, layer, q, out, lse);
+}
+
+KVT_API int kvt_step_selection(const kvt_step *st, uint32_t layer, uint32_t seq_index,
+                               uint32_t kv_head, uint32_t *pages, uint32_t capacity,
+                               uint32_t *n_pages, uint32_t *reranked)
+{
+    KVT__CHECK_NULL(st);
+    if (!st->open)
+        return kvt__err(KVT_ESTATE, "step: already finished (a stale plan)");
+    if (layer >= st->L)
+        return kvt__err(KVT_EINVAL, "layer: %u >= n_layers %u", layer, st->L);
+    if (seq_index >= st->n)
+        return kvt__err(KVT_EINVAL, "seq_index: %u >= the plan's %u sequences", seq_index,
+                        st->n);
+    if (kv_head >= st->H)
+        return kvt__err(KVT_EINVAL, "kv_head: %u >= n_kv_heads %u", kv_head, st->H);
+    KVT__CHECK_NULL(n_pages);
+    if (st->sel_layer != layer)
+        return kvt__err(KVT_ESTATE, "layer: %u has no selection in this step", layer);
+    const size_t ih = (size_t)seq_index * st->H + kv_head;
+    const uint32_t cnt = st->sel_cnt[ih];
+    if (cnt > capacity)
+        return kvt__err(KVT_ERANGE, "capacity: %u entries, the selection has %u", capacity,
+                        cnt);
+    if (cnt)
+        KVT__CHECK_NULL(pages);
+    if (cnt)
+        memcpy(pages, st->sel_pages + st->sel_off[ih], cnt * sizeof *pages);
+    *n_pages = cnt;
+    if (reranked)
+        *reranked = st->sel_rr[ih];
+    return 0;
+}

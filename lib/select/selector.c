@@ -1,0 +1,437 @@
+/* The page selector: options, per-(layer, head) budgets, scoring + voting
+ * from the metadata store, and the selection rule (forced pages + top-K). */
+#include <math.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../core/internal.h"
+
+#define KVT__SELECTOR_OPTS_V1 32u
+_Static_assert(offsetof(kvt_selector_opts, vote_scale) + 4 == KVT__SELECTOR_OPTS_V1,
+               "selector opts v1");
+
+KVT_API int kvt_selector_opts_init(kvt_selector_opts *opts)
+{
+    KVT__CHECK_NULL(opts);
+    memset(opts, 0, sizeof *opts);
+    opts->struct_size = (uint32_t)sizeof *opts;
+    opts->method = KVT_SCORE_MINMAX;
+    opts->vote = KVT_VOTE_SUM;
+    opts->top_k_pages = 64;
+    opts->sink_pages = 1;
+    opts->local_pages = 1;
+    opts->rerank_interval = 1;
+    return 0;
+}
+
+static int kvt__budget_check(uint32_t k, uint32_t sink, uint32_t local, const char *prefix)
+{
+    if (k > KVT_SELECT_MAX_PAGES)
+        return kvt__err(KVT_ERANGE, "%stop_k_pages: %u is above KVT_SELECT_MAX_PAGES (%u)",
+                        prefix, k, KVT_SELECT_MAX_PAGES);
+    if (sink > KVT_SELECT_MAX_PAGES)
+        return kvt__err(KVT_ERANGE, "%ssink_pages: %u is above KVT_SELECT_MAX_PAGES (%u)",
+                        prefix, sink, KVT_SELECT_MAX_PAGES);
+    if (local > KVT_SELECT_MAX_PAGES)
+        return kvt__err(KVT_ERANGE, "%slocal_pages: %u is above KVT_SELECT_MAX_PAGES (%u)",
+                        prefix, local, KVT_SELECT_MAX_PAGES);
+    return 0;
+}
+
+KVT_API int kvt_selector_create(kvt_selector **out, const kvt_geometry *geom,
+                                const kvt_selector_opts *opts)
+{
+    kvt_selector_opts o;
+    KVT__CHECK_NULL(out);
+    *out = NULL;
+    KVT__CHECK_NULL(geom);
+    if (opts) {
+        int rc = kvt__opts_copy(&o, sizeof o, opts, KVT__SELECTOR_OPTS_V1, "opts");
+        if (rc)
+            return rc;
+    } else {
+        kvt_selector_opts_init(&o);
+    }
+    kvt_geometry g;
+    int rc = kvt__geometry_resolve(geom, &g);
+    if (rc)
+        return rc;
+    if (o.method > KVT_SCORE_MEAN)
+        return kvt__err(KVT_EINVAL, "opts->method: unknown scoring method %u", o.method);
+    if (o.vote > KVT_VOTE_SOFTVOTE)
+        return kvt__err(KVT_EINVAL, "opts->vote: unknown vote %u", o.vote);
+    rc = kvt__budget_check(o.top_k_pages, o.sink_pages, o.local_pages, "opts->");
+    if (rc)
+        return rc;
+    if (o.rerank_interval == 0)
+        return kvt__err(KVT_EINVAL, "opts->rerank_interval: must be at least 1");
+    if (!(o.vote_scale >= 0.0f) || isinf(o.vote_scale))
+        return kvt__err(KVT_EINVAL, "opts->vote_scale: %g is not a finite value >= 0",
+                        (double)o.vote_scale);
+    kvt_selector *sel = calloc(1, sizeof *sel);
+    if (!sel)
+        return kvt__err(KVT_ENOMEM, "kvt_selector_create: cannot allocate the selector");
+    const size_t n = (size_t)g.n_layers * g.n_kv_heads;
+    sel->k = malloc(n * sizeof *sel->k);
+    sel->sink = malloc(n * sizeof *sel->sink);
+    sel->local = malloc(n * sizeof *sel->local);
+    sel->interval = malloc(n * sizeof *sel->interval);
+    if (!sel->k || !sel->sink || !sel->local || !sel->interval) {
+        kvt_selector_destroy(sel);
+        return kvt__err(KVT_ENOMEM, "kvt_selector_create: cannot allocate %zu head budgets", n);
+    }
+    for (size_t i = 0; i < n; i++) {
+        sel->k[i] = o.top_k_pages;
+        sel->sink[i] = o.sink_pages;
+        sel->local[i] = o.local_pages;
+        sel->interval[i] = o.rerank_interval;
+    }
+    sel->g = g;
+    sel->method = o.method;
+    sel->vote = o.vote;
+    sel->vote_scale = o.vote_scale > 0.0f ? o.vote_scale : 1.0f / sqrtf((float)g.head_dim);
+    *out = sel;
+    return 0;
+}
+
+KVT_API void kvt_selector_destroy(kvt_selector *sel)
+{
+    if (!sel)
+        return;
+    free(sel->k);
+    free(sel->sink);
+    free(sel->local);
+    free(sel->interval);
+    free(sel);
+}
+
+/* Resolves (layer, head) with KVT_ALL into index ranges. */
+static int kvt__sel_range(const kvt_selector *sel, uint32_t layer, uint32_t head, uint32_t *l0,
+                          uint32_t *l1, uint32_t *h0, uint32_t *h1, bool allow_all)
+{
+    if (layer == KVT_ALL && allow_all) {
+        *l0 = 0;
+        *l1 = sel->g.n_layers;
+    } else if (layer < sel->g.n_layers) {
+        *l0 = layer;
+        *l1 = layer + 1;
+    } else {
+        return kvt__err(KVT_EINVAL, "layer: %u >= n_layers %u", layer, sel->g.n_layers);
+    }
+    if (head == KVT_ALL && allow_all) {
+        *h0 = 0;
+        *h1 = sel->g.n_kv_heads;
+    } else if (head < sel->g.n_kv_heads) {
+        *h0 = head;
+        *h1 = head + 1;
+    } else {
+        return kvt__err(KVT_EINVAL, "kv_head: %u >= n_kv_heads %u", head, sel->g.n_kv_heads);
+    }
+    return 0;
+}
+
+KVT_API int kvt_selector_set_budget(kvt_selector *sel, uint32_t layer, uint32_t kv_head,
+                                    uint32_t top_k_pages, uint32_t sink_pages,
+                                    uint32_t local_pages)
+{
+    uint32_t l0 = 0, l1 = 0, h0 = 0, h1 = 0;
+    KVT__CHECK_NULL(sel);
+    int rc = kvt__sel_range(sel, layer, kv_head, &l0, &l1, &h0, &h1, true);
+    if (rc)
+        return rc;
+    rc = kvt__budget_check(top_k_pages, sink_pages, local_pages, "");
+    if (rc)
+        return rc;
+    for (uint32_t l = l0; l < l1; l++)
+        for (uint32_t h = h0; h < h1; h++) {
+            size_t i = (size_t)l * sel->g.n_kv_heads + h;
+            sel->k[i] = top_k_pages;
+            sel->sink[i] = sink_pages;
+            sel->local[i] = local_pages;
+        }
+    return 0;
+}
+
+KVT_API int kvt_selector_get_budget(const kvt_selector *sel, uint32_t layer, uint32_t kv_head,
+                                    uint32_t *top_k_pages, uint32_t *sink_pages,
+                                    uint32_t *local_pages)
+{
+    uint32_t l0 = 0, l1 = 0, h0 = 0, h1 = 0;
+    KVT__CHECK_NULL(sel);
+    int rc = kvt__sel_range(sel, layer, kv_head, &l0, &l1, &h0, &h1, false);
+    if (rc)
+        return rc;
+    size_t i = (size_t)l0 * sel->g.n_kv_heads + h0;
+    if (top_k_pages)
+        *top_k_pages = sel->k[i];
+    if (sink_pages)
+        *sink_pages = sel->sink[i];
+    if (local_pages)
+        *local_pages = sel->local[i];
+    return 0;
+}
+
+KVT_API int kvt_selector_set_rerank_interval(kvt_selector *sel, uint32_t layer,
+                                             uint32_t kv_head, uint32_t interval)
+{
+    uint32_t l0 = 0, l1 = 0, h0 = 0, h1 = 0;
+    KVT__CHECK_NULL(sel);
+    int rc = kvt__sel_range(sel, layer, kv_head, &l0, &l1, &h0, &h1, true);
+    if (rc)
+        return rc;
+    if (interval == 0)
+        return kvt__err(KVT_EINVAL, "interval: must be at least 1");
+    for (uint32_t l = l0; l < l1; l++)
+        for (uint32_t h = h0; h < h1; h++)
+            sel->interval[(size_t)l * sel->g.n_kv_heads + h] = interval;
+    return 0;
+}
+
+int kvt__selector_match(const kvt_selector *sel, const kvt_pool *p)
+{
+    static const char *const names[] = {"n_layers", "n_kv_heads", "n_q_heads", "head_dim",
+                                        "page_tokens"};
+    const uint32_t a[] = {sel->g.n_layers, sel->g.n_kv_heads, sel->g.n_q_heads,
+                          sel->g.head_dim, sel->g.page_tokens};
+    const uint32_t b[] = {p->g.n_layers, p->g.n_kv_heads, p->g.n_q_heads, p->g.head_dim,
+                          p->g.page_tokens};
+    for (size_t i = 0; i < sizeof a / sizeof a[0]; i++)
+        if (a[i] != b[i])
+            return kvt__err(KVT_EINVAL, "selector: geometry %s %u does not match the pool's %u",
+                            names[i], a[i], b[i]);
+    return 0;
+}
+
+/* ---- scoring ------------------------------------------------------------ */
+size_t kvt__sel_scratch_bytes(uint32_t G, uint32_t D, uint32_t np)
+{
+    size_t n = ((size_t)G * np + np) * sizeof(float) + (size_t)np * sizeof(uint32_t) +
+               2u * (size_t)G * D * sizeof(float) + np;
+    return (n + 63u) & ~(size_t)63u;
+}
+
+void kvt__sel_scratch_carve(kvt__sel_scratch *sc, void *mem, uint32_t G, uint32_t D,
+                            uint32_t np)
+{
+    uint8_t *b = mem;
+    sc->qa = (float *)b;
+    b += (size_t)G * D * sizeof(float);
+    sc->qb = (float *)b;
+    b += (size_t)G * D * sizeof(float);
+    sc->S = (float *)b;
+    b += (size_t)G * np * sizeof(float);
+    sc->vote = (float *)b;
+    b += (size_t)np * sizeof(float);
+    sc->idx = (uint32_t *)b;
+    b += (size_t)np * sizeof(uint32_t);
+    sc->mark = b;
+}
+
+void kvt__sel_score(const kvt_selector *sel, const kvt_pool *p, const kvt__seq *s,
+                    uint32_t layer, uint32_t head, const float *q, uint32_t np,
+                    kvt__sel_scratch *sc)
+{
+    const uint32_t G = p->g.n_q_heads / p->g.n_kv_heads, D = p->g.head_dim;
+    const kvt__attn_shape sh = {G, D, p->g.page_tokens, p->g.dtype};
+    const size_t GD = (size_t)G * D;
+    if (sel->method == KVT_SCORE_MINMAX) {
+        for (size_t i = 0; i < GD; i++) {
+            sc->qa[i] = q[i] > 0.0f ? q[i] : 0.0f;
+            sc->qb[i] = q[i] < 0.0f ? q[i] : 0.0f;
+        }
+    } else {
+        memcpy(sc->qa, q, GD * sizeof(float));
+    }
+    const uint32_t *slots = s->meta_slot + kvt__lh(p, layer, head) * s->cap_pages;
+    p->kern->score(&sh, sel->method, sc->qa, sc->qb, p->meta.base, p->meta.block_bytes, slots,
+                   np, sc->S, np);
+    float *v = sc->vote;
+    switch (sel->vote) {
+    case KVT_VOTE_SUM:
+        memcpy(v, sc->S, np * sizeof(float));
+        for (uint32_t g = 1; g < G; g++) {
+            const float *r = sc->S + (size_t)g * np;
+            for (uint32_t i = 0; i < np; i++)
+                v[i] += r[i];
+        }
+        break;
+    case KVT_VOTE_MAX:
+        memcpy(v, sc->S, np * sizeof(float));
+        for (uint32_t g = 1; g < G; g++) {
+            const float *r = sc->S + (size_t)g * np;
+            for (uint32_t i = 0; i < np; i++)
+                v[i] = r[i] > v[i] || r[i] != r[i] ? r[i] : v[i];
+        }
+        break;
+    default: /* SOFTVOTE: sum over heads of a softmax over pages */
+        memset(v, 0, np * sizeof(float));
+        for (uint32_t g = 0; g < G; g++) {
+            float *r = sc->S + (size_t)g * np;
+            float mx = -INFINITY;
+            bool nan = false;
+            for (uint32_t i = 0; i < np; i++) {
+                r[i] *= sel->vote_scale;
+                nan |= r[i] != r[i];
+                mx = r[i] > mx ? r[i] : mx;
+            }
+            if (nan || isinf(mx)) {
+                /* An unbounded score (a NaN key opened its page's box):
+                 * that page takes the whole vote of this head. */
+                for (uint32_t i = 0; i < np; i++)
+                    v[i] += (r[i] != r[i] || r[i] == INFINITY) ? INFINITY : 0.0f;
+                continue;
+            }
+            const float sum = p->kern->expsum(r, np, mx);
+            const float inv = 1.0f / sum;
+            for (uint32_t i = 0; i < np; i++)
+                v[i] += r[i] * inv;
+        }
+        break;
+    }
+    for (uint32_t i = 0; i < np; i++)
+        if (v[i] != v[i])
+            v[i] = INFINITY;
+}
+
+/* ---- the selection rule ----------------------------------------------- */
+/* a ranks before b: higher vote, then lower index. */
+static inline bool kvt__before(const float *v, uint32_t a, uint32_t b)
+{
+    return v[a] > v[b] || (v[a] == v[b] && a < b);
+}
+
+/* Moves the k best of idx[0..n) (by kvt__before) to idx[0..k). */
+static void kvt__topk_select(const float *v, uint32_t *idx, uint32_t n, uint32_t k)
+{
+    uint32_t lo = 0, hi = n; /* the k-th best lies in idx[lo..hi) */
+    while (hi - lo > 1) {
+        /* Median of three as the pivot. */
+        uint32_t a = idx[lo], b = idx[lo + (hi - lo) / 2], c = idx[hi - 1], piv;
+        if (kvt__before(v, a, b))
+            piv = kvt__before(v, b, c) ? b : (kvt__before(v, a, c) ? c : a);
+        else
+            piv = kvt__before(v, a, c) ? a : (kvt__before(v, b, c) ? c : b);
+        /* Three-way partition: [lo, i) before piv, [i, j) == piv, [j, hi) after. */
+        uint32_t i = lo, j = lo, e = hi;
+        while (j < e) {
+            uint32_t x = idx[j];
+            if (x == piv) {
+                j++;
+            } else if (kvt__before(v, x, piv)) {
+                idx[j] = idx[i];
+                idx[i] = x;
+                i++;
+                j++;
+            } else {
+                e--;
+                idx[j] = idx[e];
+                idx[e] = x;
+            }
+        }
+        if (k <= i)
+            hi = i;
+        else if (k <= j)
+            return;
+        else
+            lo = j;
+    }
+}
+
+uint32_t kvt__sel_pick(uint32_t np, uint32_t tokens, uint32_t P, uint32_t k, uint32_t sink,
+                       uint32_t local, const float *vote, const uint32_t *reuse_topk,
+                       uint32_t n_reuse, kvt__sel_scratch *sc, uint32_t *out, uint32_t *topk,
+                       uint32_t *n_topk)
+{
+    uint8_t *mark = sc->mark;
+    memset(mark, 0, np);
+    const uint32_t ns = sink < np ? sink : np;
+    const uint32_t nl = local < np ? local : np;
+    for (uint32_t i = 0; i < ns; i++)
+        mark[i] = 1;
+    for (uint32_t i = np - nl; i < np; i++)
+        mark[i] = 1;
+    if (np && tokens % P)
+        mark[np - 1] = 1;
+    uint32_t nt = 0;
+    if (vote) {
+        uint32_t nc = 0;
+        for (uint32_t i = 0; i < np; i++)
+            if (!mark[i])
+                sc->idx[nc++] = i;
+        uint32_t take = k < nc ? k : nc;
+        if (take < nc)
+            kvt__topk_select(vote, sc->idx, nc, take);
+        for (uint32_t i = 0; i < take; i++)
+            mark[sc->idx[i]] = 2;
+        nt = take;
+    } else {
+        for (uint32_t i = 0; i < n_reuse; i++)
+            if (reuse_topk[i] < np && !mark[reuse_topk[i]])
+                mark[reuse_topk[i]] = 2;
+    }
+    uint32_t n = 0, m = 0;
+    for (uint32_t i = 0; i < np; i++) {
+        if (mark[i])
+            out[n++] = i;
+        if (topk && mark[i] == 2)
+            topk[m++] = i;
+    }
+    if (n_topk)
+        *n_topk = vote ? nt : m;
+    return n;
+}
+
+KVT_API int kvt_select(const kvt_selector *sel, const kvt_pool *pool, kvt_seq_id seq,
+                       uint32_t layer, uint32_t kv_head, const float *queries,
+                       uint32_t *pages, uint32_t capacity, uint32_t *n_selected,
+                       float *scores)
+{
+    kvt__seq *s;
+    KVT__CHECK_NULL(sel);
+    KVT__CHECK_NULL(pool);
+    int rc = kvt__selector_match(sel, pool);
+    if (rc)
+        return rc;
+    rc = kvt__seq_lookup(pool, seq, &s);
+    if (rc)
+        return rc;
+    if (layer >= pool->g.n_layers)
+        return kvt__err(KVT_EINVAL, "layer: %u >= n_layers %u", layer, pool->g.n_layers);
+    if (kv_head >= pool->g.n_kv_heads)
+        return kvt__err(KVT_EINVAL, "kv_head: %u >= n_kv_heads %u", kv_head,
+                        pool->g.n_kv_heads);
+    KVT__CHECK_NULL(queries);
+    KVT__CHECK_NULL(pages);
+    KVT__CHECK_NULL(n_selected);
+    const uint32_t tokens = s->n_tokens[layer];
+    const uint32_t np = kvt__pages_for(pool, tokens);
+    const size_t bi = (size_t)layer * sel->g.n_kv_heads + kv_head;
+    const uint32_t k = sel->k[bi], sink = sel->sink[bi], local = sel->local[bi];
+    if (np == 0) {
+        *n_selected = 0;
+        return 0;
+    }
+    const uint32_t G = pool->g.n_q_heads / pool->g.n_kv_heads;
+    void *mem = malloc(kvt__sel_scratch_bytes(G, pool->g.head_dim, np) +
+                       (size_t)np * sizeof(uint32_t));
+    if (!mem)
+        return kvt__err(KVT_ENOMEM, "kvt_select: cannot allocate scratch for %u pages", np);
+    kvt__sel_scratch sc;
+    kvt__sel_scratch_carve(&sc, mem, G, pool->g.head_dim, np);
+    uint32_t *tmp = (uint32_t *)((uint8_t *)mem + kvt__sel_scratch_bytes(G, pool->g.head_dim, np));
+    kvt__sel_score(sel, pool, s, layer, kv_head, queries, np, &sc);
+    uint32_t n = kvt__sel_pick(np, tokens, pool->g.page_tokens, k, sink, local, sc.vote, NULL,
+                               0, &sc, tmp, NULL, NULL);
+    if (n > capacity) {
+        free(mem);
+        return kvt__err(KVT_ERANGE, "capacity: %u entries, the selection needs %u", capacity,
+                        n);
+    }
+    memcpy(pages, tmp, n * sizeof *pages);
+    if (scores)
+        memcpy(scores, sc.vote, np * sizeof *scores);
+    *n_selected = n;
+    free(mem);
+    return 0;
+}
