@@ -23,6 +23,12 @@
 #endif
 
 #define KVT__INLINE static inline __attribute__((always_inline))
+/* The register tiles below are small arrays indexed by constant-bound
+ * loops; they stay in registers only when those loops are unrolled. */
+#define KVT__UNROLL _Pragma("GCC unroll 16")
+#ifndef KVT__PF_DIST
+#define KVT__PF_DIST 2u
+#endif
 
 #if KVT__ISA == 2
 typedef __m512 vf;
@@ -269,7 +275,9 @@ KVT__INLINE void kvt__kdot(kvt_dtype dt, uint32_t GB, const float *q, const uint
     uint32_t t = 0;
     for (; t + 4 <= nt; t += 4) {
         vf a[4][GBK];
+        KVT__UNROLL
         for (uint32_t j = 0; j < 4; j++)
+            KVT__UNROLL
             for (uint32_t g = 0; g < GB; g++)
                 a[j][g] = v_zero();
         for (uint32_t d = 0; d < D; d += VW) {
@@ -278,6 +286,7 @@ KVT__INLINE void kvt__kdot(kvt_dtype dt, uint32_t GB, const float *q, const uint
             vf k1 = v_ld(dt, K + (t + 1) * row, d, n);
             vf k2 = v_ld(dt, K + (t + 2) * row, d, n);
             vf k3 = v_ld(dt, K + (t + 3) * row, d, n);
+            KVT__UNROLL
             for (uint32_t g = 0; g < GB; g++) {
                 vf qq = v_ldf(q + (size_t)g * D + d, n);
                 a[0][g] = v_fma(qq, k0, a[0][g]);
@@ -286,19 +295,23 @@ KVT__INLINE void kvt__kdot(kvt_dtype dt, uint32_t GB, const float *q, const uint
                 a[3][g] = v_fma(qq, k3, a[3][g]);
             }
         }
+        KVT__UNROLL
         for (uint32_t g = 0; g < GB; g++)
             v_hsum4(a[0][g], a[1][g], a[2][g], a[3][g], s + (size_t)g * P + t);
     }
     for (; t < nt; t++) {
         vf a[GBK];
+        KVT__UNROLL
         for (uint32_t g = 0; g < GB; g++)
             a[g] = v_zero();
         for (uint32_t d = 0; d < D; d += VW) {
             const uint32_t n = kvt__min_u32(VW, D - d);
             vf k0 = v_ld(dt, K + t * row, d, n);
+            KVT__UNROLL
             for (uint32_t g = 0; g < GB; g++)
                 a[g] = v_fma(v_ldf(q + (size_t)g * D + d, n), k0, a[g]);
         }
+        KVT__UNROLL
         for (uint32_t g = 0; g < GB; g++)
             s[(size_t)g * P + t] = v_hsum(a[g]);
     }
@@ -313,33 +326,43 @@ KVT__INLINE void kvt__vacc(kvt_dtype dt, uint32_t GB, const float *p, const uint
     uint32_t d = 0;
     for (; d + NVT * VW <= D; d += NVT * VW) {
         vf a[GBK][NVT];
+        KVT__UNROLL
         for (uint32_t g = 0; g < GB; g++)
+            KVT__UNROLL
             for (uint32_t j = 0; j < NVT; j++)
                 a[g][j] = v_ldf(acc + (size_t)g * D + d + j * VW, VW);
         for (uint32_t t = 0; t < nt; t++) {
             vf v[NVT];
+            KVT__UNROLL
             for (uint32_t j = 0; j < NVT; j++)
                 v[j] = v_ld(dt, V + t * row, d + j * VW, VW);
+            KVT__UNROLL
             for (uint32_t g = 0; g < GB; g++) {
                 vf w = v_set1(p[(size_t)g * P + t]);
+                KVT__UNROLL
                 for (uint32_t j = 0; j < NVT; j++)
                     a[g][j] = v_fma(w, v[j], a[g][j]);
             }
         }
+        KVT__UNROLL
         for (uint32_t g = 0; g < GB; g++)
+            KVT__UNROLL
             for (uint32_t j = 0; j < NVT; j++)
                 v_stf(acc + (size_t)g * D + d + j * VW, a[g][j], VW);
     }
     for (; d < D; d += VW) {
         const uint32_t n = kvt__min_u32(VW, D - d);
         vf a[GBK];
+        KVT__UNROLL
         for (uint32_t g = 0; g < GB; g++)
             a[g] = v_ldf(acc + (size_t)g * D + d, n);
         for (uint32_t t = 0; t < nt; t++) {
             vf v0 = v_ld(dt, V + t * row, d, n);
+            KVT__UNROLL
             for (uint32_t g = 0; g < GB; g++)
                 a[g] = v_fma(v_set1(p[(size_t)g * P + t]), v0, a[g]);
         }
+        KVT__UNROLL
         for (uint32_t g = 0; g < GB; g++)
             v_stf(acc + (size_t)g * D + d, a[g], n);
     }
@@ -355,8 +378,16 @@ KVT__INLINE void kvt__attn_dt(kvt_dtype dt, const kvt__attn_shape *sh, const flo
     for (uint32_t i = 0; i < n; i++) {
         const uint8_t *K = blocks[i], *V = blocks[i] + (size_t)P * row;
         const uint32_t nt = ntok[i];
-        if (i + 1 < n) /* the next block's first lines; the rest streams */
-            __builtin_prefetch(blocks[i + 1], 0, 0);
+        /* A run of adjacent blocks streams through the hardware
+         * prefetchers; software prefetching it only costs (measured). A
+         * jump to a block elsewhere is requested ahead: its K rows before
+         * this block's K pass, its V rows before the V pass. */
+        const uint8_t *nb = i + 1 < n && blocks[i + 1] != K + 2 * (size_t)P * row
+                                ? blocks[i + 1]
+                                : NULL;
+        if (nb)
+            for (size_t off = 0; off < (size_t)P * row; off += 64)
+                __builtin_prefetch(nb + off, 0, 3);
         uint32_t g = 0;
         for (; g + GBK <= G; g += GBK)
             kvt__kdot(dt, GBK, q + (size_t)g * D, K, D, nt, sbuf + (size_t)g * P, P);
@@ -370,7 +401,7 @@ KVT__INLINE void kvt__attn_dt(kvt_dtype dt, const kvt__attn_shape *sh, const flo
                 memset(sg, 0, nt * sizeof *sg);
                 continue;
             }
-            const float alpha = m[g] == -INFINITY ? 0.0f : expf(m[g] - mnew);
+            const float alpha = m[g] == mnew ? 1.0f : m[g] == -INFINITY ? 0.0f : expf(m[g] - mnew);
             const float sum = kvt__expsum(sg, nt, mnew);
             l[g] = l[g] * alpha + sum;
             if (alpha != 1.0f) {
@@ -380,6 +411,9 @@ KVT__INLINE void kvt__attn_dt(kvt_dtype dt, const kvt__attn_shape *sh, const flo
             }
             m[g] = mnew;
         }
+        if (nb)
+            for (size_t off = (size_t)P * row; off < 2 * (size_t)P * row; off += 64)
+                __builtin_prefetch(nb + off, 0, 3);
         for (g = 0; g + GBK <= G; g += GBK)
             kvt__vacc(dt, GBK, sbuf + (size_t)g * P, V, D, nt, acc + (size_t)g * D, P);
         for (; g < G; g++)
@@ -427,6 +461,7 @@ KVT__INLINE void kvt__score_dt(kvt_dtype dt, uint32_t method, const kvt__attn_sh
                 const uint32_t nn = kvt__min_u32(VW, D - d);
                 if (method == KVT_SCORE_MINMAX) {
                     vf lo = v_ld(dt, mb, d, nn), hi = v_ld(dt, mb + row, d, nn);
+                    KVT__UNROLL
                     for (uint32_t k = 0; k < 4; k++)
                         if (k < gb)
                             a[k] = v_fma(v_ldf(qa + (size_t)(g + k) * D + d, nn), hi,
@@ -434,6 +469,7 @@ KVT__INLINE void kvt__score_dt(kvt_dtype dt, uint32_t method, const kvt__attn_sh
                                                a[k]));
                 } else {
                     vf mean = v_ld(dt, mb + 2 * row, d, nn);
+                    KVT__UNROLL
                     for (uint32_t k = 0; k < 4; k++)
                         if (k < gb)
                             a[k] = v_fma(v_ldf(qa + (size_t)(g + k) * D + d, nn), mean, a[k]);
@@ -441,6 +477,7 @@ KVT__INLINE void kvt__score_dt(kvt_dtype dt, uint32_t method, const kvt__attn_sh
             }
             float r[4];
             v_hsum4(a[0], a[1], a[2], a[3], r);
+            KVT__UNROLL
             for (uint32_t k = 0; k < gb; k++)
                 S[(size_t)(g + k) * stride + i] = r[k];
         }

@@ -288,6 +288,7 @@ KVT_API int kvt_step_plan(kvt_pool *pool, const kvt_seq_id *seqs, uint32_t n_seq
     const size_t nh = (size_t)n_seqs * H, nlh = (size_t)n_seqs * L * H;
     if (n_seqs > st->cap_n) {
         size_t c = 0;
+        st->cap_n = 0; /* until every per-sequence array has grown */
         void *p;
 #define KVT__REALLOC(field, count)                                                         \
     do {                                                                                   \
@@ -386,9 +387,9 @@ KVT_API int kvt_step_plan(kvt_pool *pool, const kvt_seq_id *seqs, uint32_t n_seq
     return 0;
 
 out_reset:
-    /* Capacity bookkeeping may be stale after a failed grow: start over. */
-    kvt__step_free(pool->step);
-    pool->step = NULL;
+    /* A failed grow leaves each array either intact with its old capacity
+     * or NULL with capacity 0; the step itself stays (a finished handle
+     * must keep answering KVT_ESTATE), closed. */
 out_free:
     free(ss);
     free(sorted);
@@ -426,11 +427,10 @@ KVT_API int kvt_step_finish(kvt_step *st)
     if (!st->open)
         return kvt__err(KVT_ESTATE, "step: already finished");
     for (uint32_t i = 0; i < st->n; i++) {
-        kvt__seq *s;
-        if (kvt__seq_lookup(st->pool, st->ids[i], &s) == 0)
+        kvt__seq *s = st->seqs[i]; /* slots live as long as the pool */
+        if (s->live && s->gen == (uint32_t)(st->ids[i] >> 32))
             s->steps++;
     }
-    kvt_clear_error();
     st->open = false;
     st->sel_layer = KVT__NO_LAYER;
     return 0;

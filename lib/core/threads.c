@@ -10,7 +10,7 @@
 
 #include "internal.h"
 
-#define KVT__SPIN_ITERS 20000u
+#define KVT__SPIN_ITERS 2000u
 
 static inline void kvt__cpu_relax(void)
 {
