@@ -52,10 +52,12 @@ typedef struct kvt_step_opts {
 #define KVT_STEP_OPTS_INIT { (uint32_t)sizeof(kvt_step_opts), 0u, NULL, 0.0f, 0u }
 KVT_API int kvt_step_opts_init(kvt_step_opts *opts);
 
-/* Plans one decode step over n_seqs distinct live sequences: checks them,
- * reserves block-table room and checks that the device tier and metadata
- * store can take one more token of every sequence in every layer
- * (KVT_ENOSPC otherwise, so the engine can preempt before the step), sizes
+/* Plans one decode step over n_seqs distinct live sequences: checks them
+ * (KVT_ERANGE for one already at its max_tokens), reserves block-table room
+ * and checks that the device tier and metadata store can take one more
+ * token of every sequence in every layer (KVT_ENOSPC otherwise, so the
+ * engine can preempt before the step; the blocks are checked, not set
+ * aside), sizes
  * all scratch, and decides which (sequence, layer, head) rerank this step.
  * The pool keeps the step's memory for the next plan. KVT_ESTATE if a step
  * of this pool is still open. */
@@ -67,9 +69,11 @@ KVT_API int kvt_step_plan(kvt_pool *pool, const kvt_seq_id *seqs, uint32_t n_seq
 KVT_API int kvt_step_finish(kvt_step *step);
 
 /* Appends one token per sequence to `layer` (as kvt_seq_append with
- * n_tokens = 1): k and v hold, for sequence i, n_kv_heads rows of head_dim
- * elements starting at element i * seq_stride (0 = n_kv_heads * head_dim).
- * Once per layer and step; all-or-nothing over the sequences. */
+ * n_tokens = 1, on the calling thread): k and v hold, for sequence i,
+ * n_kv_heads rows of head_dim elements starting at element i * seq_stride
+ * (0 = n_kv_heads * head_dim). Once per layer and step, before that
+ * layer's kvt_step_select (KVT_ESTATE otherwise); all-or-nothing over the
+ * sequences. */
 KVT_API int kvt_append(kvt_step *step, uint32_t layer, const void *k, const void *v,
                        kvt_dtype src_dtype, uint64_t seq_stride);
 
@@ -79,7 +83,8 @@ KVT_API int kvt_append(kvt_step *step, uint32_t layer, const void *k, const void
 KVT_API int kvt_step_select(kvt_step *step, uint32_t layer, const float *q);
 
 /* Attention of every query head over the pages kvt_step_select chose for
- * `layer` (KVT_ESTATE if it did not run for this layer in this step),
+ * `layer`. A step keeps one selection, the latest: KVT_ESTATE unless the
+ * latest kvt_step_select of this step was for `layer`. The result is
  * exact over those pages: softmax with a running maximum, f32
  * accumulation. out receives the normalised output; lse, when not NULL,
  * the natural log of the softmax denominator (of scale * q.k), so the
@@ -92,7 +97,9 @@ KVT_API int kvt_sparse_decode(kvt_step *step, uint32_t layer, const float *q, fl
 KVT_API int kvt_attend(kvt_step *step, uint32_t layer, const float *q, float *out, float *lse);
 
 /* Copies the pages selected for (layer, sequence seq_index of the plan,
- * kv_head) by the last kvt_step_select of this step, in increasing order.
+ * kv_head) by the latest kvt_step_select of this step (KVT_ESTATE if that
+ * was for another layer), in increasing order. pages may be NULL only
+ * when capacity is 0.
  * *reranked (may be NULL) tells whether the head was rescored this step. */
 KVT_API int kvt_step_selection(const kvt_step *step, uint32_t layer, uint32_t seq_index,
                                uint32_t kv_head, uint32_t *pages, uint32_t capacity,

@@ -113,16 +113,18 @@ static int cmp_u64(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/* Makes sure a sequence can keep its last top-K pages per (layer, head). */
+/* Makes sure a sequence can keep its last top-K pages per (layer, head);
+ * growing keeps what was recorded, so the rerank schedule is unaffected. */
 static int kvt__seq_topk_reserve(const kvt_pool *p, kvt__seq *s, uint32_t cap)
 {
     if (s->topk && cap <= s->topk_cap)
         return 0;
     const size_t lh = (size_t)p->g.n_layers * p->g.n_kv_heads;
-    if (cap > 0 && lh > SIZE_MAX / sizeof(uint32_t) / cap)
+    const size_t c = cap ? cap : 1u;
+    if (lh > SIZE_MAX / sizeof(uint32_t) / c)
         return kvt__err(KVT_EOVERFLOW, "step: top-K storage of %zu heads x %u pages overflows",
                         lh, cap);
-    uint32_t *t = malloc(lh * (size_t)(cap ? cap : 1) * sizeof *t);
+    uint32_t *t = malloc(lh * c * sizeof *t);
     uint32_t *n = s->topk_n ? s->topk_n : calloc(lh, sizeof *n);
     uint32_t *k = s->topk_k ? s->topk_k : calloc(lh, sizeof *k);
     if (!t || !n || !k) {
@@ -134,13 +136,14 @@ static int kvt__seq_topk_reserve(const kvt_pool *p, kvt__seq *s, uint32_t cap)
         return kvt__err(KVT_ENOMEM, "step: cannot allocate top-K storage (%u pages per head)",
                         cap);
     }
+    if (s->topk)
+        for (size_t b = 0; b < lh; b++)
+            memcpy(t + b * c, s->topk + b * s->topk_cap, n[b] * sizeof *t);
     free(s->topk);
-    memset(k, 0, lh * sizeof *k); /* nothing kept: every head reranks next */
-    memset(n, 0, lh * sizeof *n);
     s->topk = t;
     s->topk_n = n;
     s->topk_k = k;
-    s->topk_cap = cap;
+    s->topk_cap = (uint32_t)c;
     return 0;
 }
 
@@ -232,15 +235,21 @@ KVT_API int kvt_step_plan(kvt_pool *pool, const kvt_seq_id *seqs, uint32_t n_seq
         for (uint32_t l = 0; l < L; l++) {
             const uint32_t t = s->n_tokens[l];
             tmax = t > tmax ? t : tmax;
-            if (t < s->max_tokens && t % P == 0)
+            if (t % P == 0)
                 need += H;
         }
-        const uint32_t t1 = tmax < s->max_tokens ? tmax + 1 : tmax;
+        if (tmax >= s->max_tokens) {
+            rc = kvt__err(KVT_ERANGE, "seqs[%u]: the sequence holds %u tokens, its limit "
+                          "(max_tokens %u); it cannot take the step's token", i, tmax,
+                          s->max_tokens);
+            goto out_free;
+        }
+        const uint32_t t1 = tmax + 1;
         const uint32_t np = kvt__pages_for(pool, t1);
         rc = kvt__seq_reserve(pool, s, np);
         if (rc)
             goto out_free;
-        if (!dense && imax > 1) {
+        if (!dense && (imax > 1 || s->topk)) {
             rc = kvt__seq_topk_reserve(pool, s, kmax < s->cap_pages ? kmax : s->cap_pages);
             if (rc)
                 goto out_free;
@@ -373,7 +382,8 @@ KVT_API int kvt_step_plan(kvt_pool *pool, const kvt_seq_id *seqs, uint32_t n_seq
                 uint8_t due = 1;
                 if (!dense && s->topk) {
                     const uint32_t iv = o.selector->interval[b];
-                    due = iv <= 1 || s->topk_k[b] != o.selector->k[b] ||
+                    /* topk_k holds K + 1 of the kept pages (0 = none). */
+                    due = iv <= 1 || s->topk_k[b] != o.selector->k[b] + 1u ||
                           (s->steps + slot) % iv == 0;
                 }
                 st->due[(size_t)i * L * H + b] = due;
@@ -399,7 +409,8 @@ out_free:
 /* Checks a step and its sequences before a per-layer call. */
 static int kvt__step_enter(const kvt_step *st, uint32_t layer)
 {
-    KVT__CHECK_NULL(st);
+    if (!st)
+        return kvt__err(KVT_EINVAL, "step: must not be NULL");
     if (!st->open)
         return kvt__err(KVT_ESTATE, "step: already finished (a stale plan); call "
                         "kvt_step_plan for a new step");
@@ -515,7 +526,10 @@ static void kvt__sel_task(void *ctx, uint32_t ih, uint32_t thread)
     kvt__sel_scratch sc;
     kvt__sel_scratch_carve(&sc, st->tmem + (size_t)thread * st->tstride, st->G, st->D, np);
     const bool due = st->due[(size_t)i * st->L * st->H + b] != 0;
-    uint32_t *keep = s->topk ? s->topk + b * s->topk_cap : NULL;
+    /* The plan sized the store for this selector's largest K. */
+    uint32_t *keep = s->topk && (sel->k[b] <= s->topk_cap || np <= s->topk_cap)
+                         ? s->topk + b * s->topk_cap
+                         : NULL;
     if (due && np) {
         kvt__sel_score(sel, p, s, layer, h, st->q + ((size_t)i * st->Hq + (size_t)h * st->G) * st->D,
                        np, &sc);
@@ -524,7 +538,9 @@ static void kvt__sel_task(void *ctx, uint32_t ih, uint32_t thread)
                                         sel->local[b], sc.vote, NULL, 0, &sc, out, keep, &nk);
         if (keep) {
             s->topk_n[b] = nk;
-            s->topk_k[b] = sel->k[b];
+            s->topk_k[b] = sel->k[b] + 1u;
+        } else if (s->topk) {
+            s->topk_k[b] = 0; /* nothing kept: rerank next time */
         }
         st->sel_rr[ih] = 1;
     } else {
@@ -540,8 +556,7 @@ KVT_API int kvt_step_select(kvt_step *st, uint32_t layer, const float *q)
     if (rc)
         return rc;
     const bool dense = (st->flags & KVT_STEP_DENSE) != 0;
-    if (!dense)
-        KVT__CHECK_NULL(q);
+    KVT__CHECK_NULL(q);
     /* Offsets from each (sequence, head)'s bound; the plan sized sel_pages
      * for the largest length a sequence can reach in this step. */
     size_t off = 0;
@@ -704,6 +719,8 @@ KVT_API int kvt_sparse_decode(kvt_step *st, uint32_t layer, const float *q, floa
 
 KVT_API int kvt_attend(kvt_step *st, uint32_t layer, const float *q, float *out, float *lse)
 {
+    if (!st)
+        return kvt__err(KVT_EINVAL, "step: must not be NULL");
     KVT__CHECK_NULL(q);
     KVT__CHECK_NULL(out);
     int rc = kvt_step_select(st, layer, q);
@@ -716,7 +733,8 @@ KVT_API int kvt_step_selection(const kvt_step *st, uint32_t layer, uint32_t seq_
                                uint32_t kv_head, uint32_t *pages, uint32_t capacity,
                                uint32_t *n_pages, uint32_t *reranked)
 {
-    KVT__CHECK_NULL(st);
+    if (!st)
+        return kvt__err(KVT_EINVAL, "step: must not be NULL");
     if (!st->open)
         return kvt__err(KVT_ESTATE, "step: already finished (a stale plan)");
     if (layer >= st->L)
@@ -734,7 +752,7 @@ KVT_API int kvt_step_selection(const kvt_step *st, uint32_t layer, uint32_t seq_
     if (cnt > capacity)
         return kvt__err(KVT_ERANGE, "capacity: %u entries, the selection has %u", capacity,
                         cnt);
-    if (cnt)
+    if (capacity)
         KVT__CHECK_NULL(pages);
     if (cnt)
         memcpy(pages, st->sel_pages + st->sel_off[ih], cnt * sizeof *pages);

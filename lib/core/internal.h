@@ -136,7 +136,8 @@ KVT__HIDDEN bool kvt__cuda_built(void);
 typedef void (*kvt__task_fn)(void *ctx, uint32_t task, uint32_t thread);
 typedef struct kvt__tp {
     uint32_t n_threads;          /* including the calling thread */
-    bool inited, stop;
+    bool inited;
+    _Atomic bool stop;
     pthread_t *th;
     void *args;
     pthread_mutex_t mu;

@@ -58,12 +58,12 @@ static void *kvt__worker(void *arg)
             pthread_mutex_lock(&tp->mu);
             tp->sleepers++;
             while ((gen = atomic_load_explicit(&tp->gen, memory_order_acquire)) == seen &&
-                   !tp->stop)
+                   !atomic_load_explicit(&tp->stop, memory_order_relaxed))
                 pthread_cond_wait(&tp->cv, &tp->mu);
             tp->sleepers--;
             pthread_mutex_unlock(&tp->mu);
         }
-        if (tp->stop)
+        if (atomic_load_explicit(&tp->stop, memory_order_acquire))
             break;
         seen = gen;
         uint32_t ran = kvt__tp_drain(tp, gen, id);
@@ -76,6 +76,7 @@ static void *kvt__worker(void *arg)
 int kvt__tp_init(kvt__tp *tp, uint32_t n_threads)
 {
     tp->n_threads = 1;
+    atomic_init(&tp->stop, false);
     atomic_init(&tp->gen, 0);
     atomic_init(&tp->next, 0);
     atomic_init(&tp->done, 0);
@@ -109,7 +110,7 @@ void kvt__tp_fini(kvt__tp *tp)
     if (!tp->inited)
         return;
     pthread_mutex_lock(&tp->mu);
-    tp->stop = true;
+    atomic_store_explicit(&tp->stop, true, memory_order_release);
     atomic_fetch_add_explicit(&tp->gen, 1, memory_order_acq_rel);
     pthread_cond_broadcast(&tp->cv);
     pthread_mutex_unlock(&tp->mu);
