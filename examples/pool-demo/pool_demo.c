@@ -9,10 +9,12 @@
  */
 #include <kvtier/kvtier.h>
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 static double now_s(void)
 {
@@ -96,9 +98,12 @@ int main(int argc, char **argv)
     CHECK(kvt_geometry_block_bytes(&o.geom, &block_bytes));
     uint64_t total = (uint64_t)tokens + decode;
     uint64_t pages = (total + P - 1) / P * L * H;
-    o.device_bytes = (pages + 1) * block_bytes; /* exactly enough, incl. the null block */
+    /* Exactly enough, incl. the null block, plus one page per (layer, head):
+     * a step plan checks room for one more token, also for the last (dense
+     * reference) plan. */
+    o.device_bytes = (pages + 1 + (uint64_t)L * H) * block_bytes;
     o.host_bytes = 0;
-    o.max_seq_tokens = (uint32_t)total;
+    o.max_seq_tokens = (uint32_t)total + 1;
 
     kvt_pool *pool;
     kvt_seq_id seq;
@@ -129,12 +134,69 @@ int main(int argc, char **argv)
         progress("prefill", done, tokens);
     }
     double t_prefill = now_s() - t0;
-    t0 = now_s();
-    for (uint32_t s = 0; s < decode; s++)
-        for (uint32_t l = 0; l < L; l++)
-            CHECK(kvt_seq_append(pool, seq, l, k + (size_t)(s % chunk) * row,
-                                 v + (size_t)(s % chunk) * row, 1, KVT_DTYPE_F32, 0));
-    double t_decode = now_s() - t0;
+    /* Decode: one step plan per token; per layer the engine appends the
+     * token's K/V and attends over the selected pages (2048-token budget,
+     * MINMAX scores, summed over the 4 query heads of each KV head). After
+     * each step a dense step over the same cache gives the reference. */
+    kvt_selector *sel;
+    kvt_selector_opts so;
+    kvt_selector_opts_init(&so);
+    so.top_k_pages = 2048 / P;
+    CHECK(kvt_selector_create(&sel, &o.geom, &so));
+    const size_t qn = (size_t)o.geom.n_q_heads * D;
+    float *q = malloc(qn * sizeof *q), *out_s = malloc(qn * sizeof *out_s),
+          *out_d = malloc(qn * sizeof *out_d);
+    float *lse_s = malloc(o.geom.n_q_heads * sizeof *lse_s),
+          *lse_d = malloc(o.geom.n_q_heads * sizeof *lse_d);
+    if (!q || !out_s || !out_d || !lse_s || !lse_d)
+        return 1;
+    double t_append = 0, t_sparse = 0, t_dense = 0, mass = 0;
+    uint64_t n_mass = 0;
+    for (uint32_t s = 0; s < decode; s++) {
+        kvt_step_opts sp;
+        kvt_step_opts_init(&sp);
+        sp.selector = sel;
+        kvt_step *step;
+        CHECK(kvt_step_plan(pool, &seq, 1, &sp, &step));
+        for (uint32_t l = 0; l < L; l++) {
+            for (size_t i = 0; i < qn; i++) {
+                rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+                q[i] = (float)((int64_t)(rng >> 33) - (1ll << 30)) / (float)(1 << 29);
+            }
+            t0 = now_s();
+            CHECK(kvt_append(step, l, k + (size_t)(s % chunk) * row, v + (size_t)(s % chunk) * row,
+                             KVT_DTYPE_F32, 0));
+            double t1 = now_s();
+            CHECK(kvt_attend(step, l, q, out_s, lse_s));
+            double t2 = now_s();
+            t_append += t1 - t0;
+            t_sparse += t2 - t1;
+            /* The dense reference needs its own step; this one is done with l. */
+            if (l + 1 == L)
+                CHECK(kvt_step_finish(step));
+            kvt_step_opts dp;
+            kvt_step_opts_init(&dp);
+            dp.flags = KVT_STEP_DENSE;
+            kvt_step *dstep = NULL;
+            if (l + 1 == L) {
+                CHECK(kvt_step_plan(pool, &seq, 1, &dp, &dstep));
+                t0 = now_s();
+                CHECK(kvt_attend(dstep, l, q, out_d, lse_d));
+                t_dense += now_s() - t0;
+                CHECK(kvt_step_finish(dstep));
+                /* exp(lse_sparse - lse_dense): the share of the full
+                 * softmax mass that the selected pages carry. */
+                for (uint32_t h = 0; h < o.geom.n_q_heads; h++, n_mass++)
+                    mass += exp((double)lse_s[h] - (double)lse_d[h]);
+            }
+        }
+    }
+    kvt_selector_destroy(sel);
+    free(q);
+    free(out_s);
+    free(out_d);
+    free(lse_s);
+    free(lse_d);
     CHECK(kvt_pool_check(pool));
 
     kvt_stats st = {.struct_size = sizeof st};
@@ -153,7 +215,16 @@ int main(int argc, char **argv)
     printf("prefill append: %.3f s, %.2f GB/s of KV written (f32 -> storage dtype)\n",
            t_prefill, kv_bytes * tokens / (double)total / t_prefill / 1e9);
     printf("decode append: %.1f us per token for all %u layers\n",
-           t_decode * 1e6 / (decode ? decode : 1), L);
+           t_append * 1e6 / (decode ? decode : 1), L);
+    if (decode) {
+        printf("decode attention (kvt_attend, %s, %u threads): sparse %.3f ms/layer "
+               "(2048-token budget), dense %.3f ms/layer (last layer of each step)\n",
+               kvt_pool_kernel_isa(pool), (unsigned)sysconf(_SC_NPROCESSORS_ONLN), t_sparse * 1e3 / ((double)decode * L),
+               t_dense * 1e3 / decode);
+        printf("softmax mass on the selected pages: %.1f%% (random keys have no structure "
+               "to find, so about the budget's share of the tokens: %.1f%%)\n",
+               100.0 * mass / (double)(n_mass ? n_mass : 1), 100.0 * 2048.0 / (double)total);
+    }
     printf("kvt_pool_check: ok\n");
     free(k);
     free(v);

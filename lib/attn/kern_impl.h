@@ -441,7 +441,72 @@ static void kvt__attn(const kvt__attn_shape *sh, const float *q, const uint8_t *
 /* ---- page scoring from the metadata store ---------------------------------- */
 /* MINMAX: qa = max(q, 0), qb = min(q, 0); the bound is qa.kmax + qb.kmin
  * (= sum_d max(q_d kmin_d, q_d kmax_d)). MEAN: qa = q against the mean row.
- * S[g * stride + i] for page i of n. */
+ * S[g * stride + i] for page i of n. NB pages are scored together so that
+ * each query row loaded from L1 serves NB pages. */
+#if KVT__ISA == 1
+#define NBP 2u
+#else
+#define NBP 4u
+#endif
+KVT__INLINE void kvt__score_blk(kvt_dtype dt, uint32_t method, uint32_t nb, uint32_t G,
+                                uint32_t D, size_t row, const float *qa, const float *qb,
+                                const uint8_t *const *mb, float *S, size_t stride, uint32_t i)
+{
+    for (uint32_t g = 0; g < G; g += 4) {
+        const uint32_t gb = kvt__min_u32(4, G - g);
+        vf a[NBP][4];
+        KVT__UNROLL
+        for (uint32_t j = 0; j < NBP; j++)
+            KVT__UNROLL
+            for (uint32_t k = 0; k < 4; k++)
+                a[j][k] = v_zero();
+        for (uint32_t d = 0; d < D; d += VW) {
+            const uint32_t nn = kvt__min_u32(VW, D - d);
+            if (method == KVT_SCORE_MINMAX) {
+                vf lo[NBP], hi[NBP];
+                KVT__UNROLL
+                for (uint32_t j = 0; j < NBP; j++) {
+                    lo[j] = j < nb ? v_ld(dt, mb[j], d, nn) : v_zero();
+                    hi[j] = j < nb ? v_ld(dt, mb[j] + row, d, nn) : v_zero();
+                }
+                KVT__UNROLL
+                for (uint32_t k = 0; k < 4; k++) {
+                    if (k >= gb)
+                        break;
+                    vf qp = v_ldf(qa + (size_t)(g + k) * D + d, nn);
+                    vf qn = v_ldf(qb + (size_t)(g + k) * D + d, nn);
+                    KVT__UNROLL
+                    for (uint32_t j = 0; j < NBP; j++)
+                        a[j][k] = v_fma(qp, hi[j], v_fma(qn, lo[j], a[j][k]));
+                }
+            } else {
+                vf mean[NBP];
+                KVT__UNROLL
+                for (uint32_t j = 0; j < NBP; j++)
+                    mean[j] = j < nb ? v_ld(dt, mb[j] + 2 * row, d, nn) : v_zero();
+                KVT__UNROLL
+                for (uint32_t k = 0; k < 4; k++) {
+                    if (k >= gb)
+                        break;
+                    vf qq = v_ldf(qa + (size_t)(g + k) * D + d, nn);
+                    KVT__UNROLL
+                    for (uint32_t j = 0; j < NBP; j++)
+                        a[j][k] = v_fma(qq, mean[j], a[j][k]);
+                }
+            }
+        }
+        KVT__UNROLL
+        for (uint32_t j = 0; j < NBP; j++) {
+            if (j >= nb)
+                break;
+            float r[4];
+            v_hsum4(a[j][0], a[j][1], a[j][2], a[j][3], r);
+            for (uint32_t k = 0; k < gb; k++)
+                S[(size_t)(g + k) * stride + i + j] = r[k];
+        }
+    }
+}
+
 KVT__INLINE void kvt__score_dt(kvt_dtype dt, uint32_t method, const kvt__attn_shape *sh,
                                const float *qa, const float *qb, const uint8_t *meta_base,
                                uint64_t meta_bytes, const uint32_t *slots, uint32_t n,
@@ -449,38 +514,15 @@ KVT__INLINE void kvt__score_dt(kvt_dtype dt, uint32_t method, const kvt__attn_sh
 {
     const uint32_t G = sh->G, D = sh->D;
     const size_t row = (size_t)D * (dt == KVT_DTYPE_F32 ? 4u : 2u);
-    for (uint32_t i = 0; i < n; i++) {
-        const uint8_t *mb = meta_base + (size_t)slots[i] * meta_bytes;
-        if (i + 2 < n)
-            __builtin_prefetch(meta_base + (size_t)slots[i + 2] * meta_bytes, 0, 0);
-        uint32_t g = 0;
-        for (; g < G; g += 4) {
-            const uint32_t gb = kvt__min_u32(4, G - g);
-            vf a[4] = {v_zero(), v_zero(), v_zero(), v_zero()};
-            for (uint32_t d = 0; d < D; d += VW) {
-                const uint32_t nn = kvt__min_u32(VW, D - d);
-                if (method == KVT_SCORE_MINMAX) {
-                    vf lo = v_ld(dt, mb, d, nn), hi = v_ld(dt, mb + row, d, nn);
-                    KVT__UNROLL
-                    for (uint32_t k = 0; k < 4; k++)
-                        if (k < gb)
-                            a[k] = v_fma(v_ldf(qa + (size_t)(g + k) * D + d, nn), hi,
-                                         v_fma(v_ldf(qb + (size_t)(g + k) * D + d, nn), lo,
-                                               a[k]));
-                } else {
-                    vf mean = v_ld(dt, mb + 2 * row, d, nn);
-                    KVT__UNROLL
-                    for (uint32_t k = 0; k < 4; k++)
-                        if (k < gb)
-                            a[k] = v_fma(v_ldf(qa + (size_t)(g + k) * D + d, nn), mean, a[k]);
-                }
-            }
-            float r[4];
-            v_hsum4(a[0], a[1], a[2], a[3], r);
-            KVT__UNROLL
-            for (uint32_t k = 0; k < gb; k++)
-                S[(size_t)(g + k) * stride + i] = r[k];
-        }
+    for (uint32_t i = 0; i < n; i += NBP) {
+        const uint32_t nb = kvt__min_u32(NBP, n - i);
+        const uint8_t *mb[NBP];
+        for (uint32_t j = 0; j < NBP; j++)
+            mb[j] = meta_base + (size_t)slots[j < nb ? i + j : i] * meta_bytes;
+        if (nb == NBP)
+            kvt__score_blk(dt, method, NBP, G, D, row, qa, qb, mb, S, stride, i);
+        else
+            kvt__score_blk(dt, method, nb, G, D, row, qa, qb, mb, S, stride, i);
     }
 }
 
