@@ -55,6 +55,13 @@ KVT__HIDDEN int kvt__geometry_resolve(const kvt_geometry *g, kvt_geometry *out);
 #define KVT__CPU_AVX512 (1u << 4) /* AVX-512 F + BW + VL */
 KVT__HIDDEN uint32_t kvt__cpu_features(void);
 
+/* ---- CRC32C (crc32c.c) --------------------------------------------------
+ * Castagnoli CRC of n bytes continuing from crc (0 to start); the SSE4.2
+ * instruction when the CPU has it, else slicing-by-8 tables. The _sw form is
+ * always the table version (tests compare the two). */
+KVT__HIDDEN uint32_t kvt__crc32c(uint32_t crc, const void *buf, size_t n);
+KVT__HIDDEN uint32_t kvt__crc32c_sw(uint32_t crc, const void *buf, size_t n);
+
 /* ---- element conversion (convert.c) ------------------------------------- */
 typedef enum { KVT__RN = 0, KVT__RD = 1, KVT__RU = 2 } kvt__round;
 KVT__HIDDEN float kvt__f16_to_f32(uint16_t h);
