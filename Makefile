@@ -92,7 +92,7 @@ $(O)/config-test.mk: Makefile $(O)/config.mk   # one apt-get at a time under -j
 	$(call kvt_deps,$(TEST_DEPS),$@,CMOCKA)
 
 # ---- sources ----------------------------------------------------------------
-LIB_SRCS := $(wildcard lib/core/*.c lib/select/*.c lib/attn/*.c)
+LIB_SRCS := $(wildcard lib/core/*.c lib/select/*.c lib/attn/*.c lib/tier/*.c)
 ifeq ($(CUDA),1)
 CU_SRCS  := $(wildcard cuda/*.cu)
 CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lpthread
@@ -116,7 +116,7 @@ PROG_RPATH := -Wl,-rpath,'$$ORIGIN/../lib'
 # Tests of the public ABI link the shared library; tests of internal helpers
 # (kvt__*) link the static one.
 TESTS_SHARED := test_errors test_opts test_pool test_append test_random test_c_headers \
-                test_select test_decode test_step
+                test_select test_decode test_step test_mover
 TESTS_STATIC := test_convert test_crc32c
 TEST_BINS := $(addprefix $(O)/tests/,$(TESTS_SHARED) $(TESTS_STATIC) test_cxx_headers)
 TEST_SCRIPTS := tests/test_symbols.sh tests/test_man.sh tests/test_install.sh
@@ -179,7 +179,7 @@ TEST_CFLAGS = -std=c11 -D_GNU_SOURCE -Iinclude -Ilib/core $(WARN) -Wno-conversio
               -DKVT_TEST_EXPECT_CUDA=$(CUDA) \
               $(SANFLAGS) $(CMOCKA_CFLAGS) $(CFLAGS)
 
-$(addprefix $(O)/tests/,$(TESTS_SHARED)): $(O)/tests/%: tests/%.c tests/testutil.h $(LIB_SO)
+$(addprefix $(O)/tests/,$(TESTS_SHARED)): $(O)/tests/%: tests/%.c tests/testutil.h tests/tiertest.h $(LIB_SO)
 	@mkdir -p $(dir $@)
 	$(CC) $(TEST_CFLAGS) $(TEST_EXTRA) $< -o $@ -L$(O)/lib -lkvtier \
 	  -Wl,-rpath,'$$ORIGIN/../lib' $(CMOCKA_LIBS) $(LDFLAGS) -lm

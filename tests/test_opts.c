@@ -233,13 +233,26 @@ static void test_disk_and_backend(void **state)
     TU_EXPECT_ERR(kvt_pool_create(&p, &o), KVT_EINVAL, "disk_dir");
     o.disk_dir = "/etc/passwd"; /* exists, not a directory */
     TU_EXPECT_ERR(kvt_pool_create(&p, &o), KVT_EINVAL, "disk_dir");
-    /* Valid options, but the disk tier arrives with the tier mover. */
     char dir[] = "/tmp/kvt-opts-XXXXXX";
     assert_non_null(mkdtemp(dir));
     o.disk_dir = dir;
-    TU_EXPECT_ERR(kvt_pool_create(&p, &o), KVT_ENOTSUP, "disk");
+    /* The disk tier needs a host tier to cache over it. */
+    TU_EXPECT_ERR(kvt_pool_create(&p, &o), KVT_EINVAL, "host_bytes");
+    o.host_bytes = 64 << 20;
+    /* 1 MiB holds no whole segment (16 extents x 64 pages x 4 KiB slots). */
+    TU_EXPECT_ERR(kvt_pool_create(&p, &o), KVT_EINVAL, "disk_bytes");
     assert_null(p);
-    rmdir(dir);
+    o.disk_bytes = 8u << 20;
+    TU_OK(kvt_pool_create(&p, &o));
+    kvt_stats st0 = {.struct_size = sizeof st0};
+    TU_OK(kvt_pool_stats(p, &st0));
+    /* Two whole 4 MiB segments: 2 x 16 x 64 page slots. */
+    assert_int_equal(st0.tier[KVT_TIER_DISK].blocks_total, 2 * 16 * 64);
+    assert_int_equal(st0.tier[KVT_TIER_DISK].blocks_used, 0);
+    kvt_pool_destroy(p);
+    p = NULL;
+    rmdir(dir); /* succeeds only if the pool left no file behind */
+    assert_int_equal(access(dir, F_OK), -1);
 
     /* The CUDA backend has no kernels yet, in either kind of build. */
     o = base_opts();

@@ -11,5 +11,6 @@
 #include "kvtier/pool.h"
 #include "kvtier/selector.h"
 #include "kvtier/kernels.h"
+#include "kvtier/mover.h"
 
 #endif /* KVTIER_KVTIER_H */

@@ -45,8 +45,11 @@ typedef struct kvt_pool_opts {
                                     is the null block */
     uint64_t host_bytes;         /* host tier capacity; 0 = no host tier,
                                     else at least two blocks */
-    uint64_t disk_bytes;         /* disk tier capacity; 0 = no disk tier */
-    const char *disk_dir;        /* existing directory for the disk tier */
+    uint64_t disk_bytes;         /* disk tier capacity; 0 = no disk tier. One
+                                    file, preallocated, rounded down to whole
+                                    layer-head segments (kvtier/mover.h) */
+    const char *disk_dir;        /* existing writable directory for the disk
+                                    tier's file */
     kvt_numa_policy host_numa;   /* KVT_NUMA_* */
     int32_t host_numa_node;      /* node for KVT_NUMA_NODE */
     uint32_t max_seqs;           /* live sequences at once; 0 = default */
@@ -55,11 +58,13 @@ typedef struct kvt_pool_opts {
     uint32_t flags;              /* KVT_POOL_* */
     int32_t cuda_device;         /* device ordinal for the CUDA backend */
     uint32_t reserved0;          /* must be zero */
+    const struct kvt_mover_opts *mover; /* tier mover options; NULL = defaults
+                                           (kvtier/mover.h) */
 } kvt_pool_opts;
 
 /* Positional form for C; C++ code should call kvt_pool_opts_init(). */
 #define KVT_POOL_OPTS_INIT { (uint32_t)sizeof(kvt_pool_opts), 0, {0, 0, 0, 0, 0, 0, {0, 0}}, \
-                             0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
+                             0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
 
 /* Fills *opts with the defaults, written out (page_tokens 16, f16, the
  * sequence limits); n_layers, n_kv_heads, head_dim and device_bytes stay 0

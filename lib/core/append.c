@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "internal.h"
+#include "../tier/tier.h"
 
 /* Grows the sequence's tables so every (layer, head) holds `pages` entries.
  * All-or-nothing: on failure the old tables are untouched. */
@@ -28,11 +29,19 @@ int kvt__seq_reserve(kvt_pool *p, kvt__seq *s, uint32_t pages)
     uint32_t *host = calloc((size_t)n, sizeof *host);
     uint32_t *meta = calloc((size_t)n, sizeof *meta);
     uint8_t *res = calloc((size_t)n, 1);
-    if (!dev || !host || !meta || !res) {
+    float *imp = calloc((size_t)n, sizeof *imp);
+    uint32_t *use = calloc((size_t)n, sizeof *use);
+    int rc = (dev && host && meta && res && imp && use) ? kvt__disk_seq_reserve(p, s, (uint32_t)cap)
+                                                        : KVT_ENOMEM;
+    if (rc) {
         free(dev);
         free(host);
         free(meta);
         free(res);
+        free(imp);
+        free(use);
+        if (rc != KVT_ENOMEM)
+            return rc;
         return kvt__err(KVT_ENOMEM, "block table: cannot grow to %llu pages per head",
                         (unsigned long long)cap);
     }
@@ -42,15 +51,21 @@ int kvt__seq_reserve(kvt_pool *p, kvt__seq *s, uint32_t pages)
         memcpy(host + to, s->host_block + from, s->cap_pages * sizeof *host);
         memcpy(meta + to, s->meta_slot + from, s->cap_pages * sizeof *meta);
         memcpy(res + to, s->res + from, s->cap_pages);
+        memcpy(imp + to, s->imp + from, s->cap_pages * sizeof *imp);
+        memcpy(use + to, s->use + from, s->cap_pages * sizeof *use);
     }
     free(s->dev_block);
     free(s->host_block);
     free(s->meta_slot);
     free(s->res);
+    free(s->imp);
+    free(s->use);
     s->dev_block = dev;
     s->host_block = host;
     s->meta_slot = meta;
     s->res = res;
+    s->imp = imp;
+    s->use = use;
     s->cap_pages = (uint32_t)cap;
     return 0;
 }

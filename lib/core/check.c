@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "internal.h"
+#include "../tier/tier.h"
 
 static const char *const names[KVT_NUM_TIERS] = {"device tier", "host tier", "disk tier"};
 
@@ -80,6 +81,7 @@ static int kvt__check_seq(const kvt_pool *p, uint32_t si, kvt__mark *marks, kvt_
 {
     const kvt__seq *s = &p->seqs[si];
     uint64_t mine[KVT_NUM_TIERS] = {0, 0, 0};
+    uint32_t busy = 0;
     int rc;
     for (uint32_t l = 0; l < p->g.n_layers; l++) {
         if (s->n_tokens[l] > s->max_tokens)
@@ -105,9 +107,10 @@ static int kvt__check_seq(const kvt_pool *p, uint32_t si, kvt__mark *marks, kvt_
                 if ((r & (KVT_RES_DEVICE | KVT_RES_HOST | KVT_RES_DISK)) == 0)
                     return kvt__err(KVT_EINTERNAL, "seq slot %u layer %u head %u page %u is "
                                     "in no tier (data lost)", si, l, h, pg);
-                if (r & ~(KVT_RES_DEVICE | KVT_RES_HOST | KVT_RES_DISK))
+                if (r & ~(KVT__RES_TIERS | KVT__RES_BUSY))
                     return kvt__err(KVT_EINTERNAL, "seq slot %u layer %u head %u page %u: "
                                     "unknown residency bits 0x%x", si, l, h, pg, r);
+                busy += (r & KVT__RES_BUSY) != 0;
                 for (uint32_t t = 0; t < KVT_NUM_TIERS; t++)
                     if (r & (1u << t)) {
                         if (!kvt__has_tier(p, t))
@@ -131,6 +134,11 @@ static int kvt__check_seq(const kvt_pool *p, uint32_t si, kvt__mark *marks, kvt_
                                     s->host_block[e], names[1], si, l, h, pg);
                     if (rc)
                         return rc;
+                    const kvt__owner *o = &p->host_owner[s->host_block[e]];
+                    if (o->slot != si || o->lh != kvt__lh(p, l, h) || o->page != pg)
+                        return kvt__err(KVT_EINTERNAL, "host tier: block %u of seq slot %u "
+                                        "layer %u head %u page %u names another owner",
+                                        s->host_block[e], si, l, h, pg);
                 } else if (s->host_block[e] != 0) {
                     return kvt__err(KVT_EINTERNAL, "seq slot %u layer %u head %u page %u: "
                                     "not in host but has host block %u", si, l, h, pg,
@@ -142,6 +150,9 @@ static int kvt__check_seq(const kvt_pool *p, uint32_t si, kvt__mark *marks, kvt_
             }
         }
     }
+    if (busy != s->busy)
+        return kvt__err(KVT_EINTERNAL, "seq slot %u: counts %u pages in flight, tables mark %u",
+                        si, s->busy, busy);
     for (uint32_t t = 0; t < KVT_NUM_TIERS; t++) {
         if (mine[t] != s->pages_in_tier[t])
             return kvt__err(KVT_EINTERNAL, "seq slot %u: counts %llu pages in the %s, tables "
@@ -152,6 +163,26 @@ static int kvt__check_seq(const kvt_pool *p, uint32_t si, kvt__mark *marks, kvt_
     return 0;
 }
 
+/* Blocks reserved by moves in flight belong to no table yet. */
+typedef struct {
+    const kvt_pool *p;
+    kvt__mark *marks;
+    int rc;
+} kvt__resv_ctx;
+
+static void kvt__resv_mark(void *ctx, uint32_t tier, uint32_t blk)
+{
+    kvt__resv_ctx *c = ctx;
+    if (c->rc)
+        return;
+    if (tier >= KVT_TIER_DISK || blk == 0 || blk >= c->p->tier[tier].n_blocks ||
+        c->marks[tier].owned[blk])
+        c->rc = kvt__err(KVT_EINTERNAL, "%s: block %u reserved by a move in flight is also "
+                         "free or used", names[tier < KVT_NUM_TIERS ? tier : 0], blk);
+    else
+        c->marks[tier].owned[blk] = 1;
+}
+
 KVT_API int kvt_pool_check(const kvt_pool *pool)
 {
     KVT__CHECK_NULL(pool);
@@ -159,7 +190,7 @@ KVT_API int kvt_pool_check(const kvt_pool *pool)
     uint64_t pages[KVT_NUM_TIERS] = {0, 0, 0};
     int rc = 0;
 
-    for (uint32_t t = 0; t < KVT_NUM_TIERS && !rc; t++)
+    for (uint32_t t = 0; t < KVT_TIER_DISK && !rc; t++) /* the disk: kvt__disk_check */
         if (kvt__has_tier(pool, t)) {
             rc = kvt__mark_init(&marks[t], &pool->tier[t]);
             if (!rc)
@@ -193,11 +224,24 @@ KVT_API int kvt_pool_check(const kvt_pool *pool)
         live++;
         rc = kvt__check_seq(pool, si, marks, &meta, pages);
     }
+    if (!rc) {
+        kvt__resv_ctx c = {pool, marks, 0};
+        kvt__mover_reserved(pool->mover, kvt__resv_mark, &c);
+        rc = c.rc;
+    }
+    /* Host blocks nobody owns must say so. */
+    for (uint32_t b = 1; !rc && kvt__has_tier(pool, KVT_TIER_HOST) &&
+                         b < pool->tier[KVT_TIER_HOST].n_blocks; b++)
+        if (marks[KVT_TIER_HOST].owned[b] != 1 && pool->host_owner[b].slot != UINT32_MAX)
+            rc = kvt__err(KVT_EINTERNAL, "host tier: block %u is not a page's but names seq "
+                          "slot %u as its owner", b, pool->host_owner[b].slot);
+    if (!rc)
+        rc = kvt__disk_check(pool);
     if (!rc && live != pool->n_live)
         rc = kvt__err(KVT_EINTERNAL, "pool counts %u live sequences, slots hold %u",
                       pool->n_live, live);
     for (uint32_t t = 0; t < KVT_NUM_TIERS && !rc; t++) {
-        if (kvt__has_tier(pool, t))
+        if (t != KVT_TIER_DISK && kvt__has_tier(pool, t))
             rc = kvt__check_accounted(&pool->tier[t], &marks[t], names[t]);
         if (!rc && pages[t] != pool->pages_in_tier[t])
             rc = kvt__err(KVT_EINTERNAL, "%s: pool counts %llu pages, sequences hold %llu",

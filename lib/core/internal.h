@@ -213,7 +213,26 @@ typedef struct kvt__seq {
     uint32_t *topk_k;      /* [L * H] the K they were chosen for; 0 = none */
     uint32_t topk_cap;
     uint64_t steps;        /* step plans finished with this sequence */
+    /* Tier mover state (lib/tier). Importance and last use of each page,
+     * [(layer * H + head) * cap_pages + page], choose what the host tier
+     * drops first when it is a cache over the disk. */
+    float *imp;            /* last score the selector gave the page */
+    uint32_t *use;         /* pool clock of the page's last selection or fetch */
+    /* Disk extents of each (layer, head): [(layer * H + head) * ext_cap + i]
+     * holds extent id + 1 (0 = none) for pages [i * E, (i + 1) * E). */
+    uint32_t *disk_ext;
+    uint32_t ext_cap;
+    uint32_t busy;         /* pages with a move in flight */
 } kvt__seq;
+
+/* Internal residency bit: a move of the page is in flight (never reported). */
+#define KVT__RES_BUSY 0x80u
+#define KVT__RES_TIERS (KVT_RES_DEVICE | KVT_RES_HOST | KVT_RES_DISK)
+
+/* Which page owns a host block (for eviction); slot UINT32_MAX = none. */
+typedef struct kvt__owner {
+    uint32_t slot, lh, page;
+} kvt__owner;
 
 /* Sequence ids: generation (32 bits) | pool tag (11) | slot + 1 (21). The
  * tag makes an id from one pool unknown to every other live pool. */
@@ -245,12 +264,17 @@ struct kvt_pool {
     const kvt__kernels *kern;
     kvt__tp tp;             /* worker threads, started by the first step plan */
     struct kvt_step *step;  /* the step workspace, reused by every plan */
+    struct kvt__disk *disk; /* the disk tier (lib/tier/disk.c), NULL = none */
+    struct kvt_mover *mover;/* the tier mover (lib/tier/mover.c) */
+    kvt__owner *host_owner; /* [host blocks] */
+    uint32_t clock;         /* advances with every step plan and mover batch */
 };
 
-/* A tier exists when its arena is mapped. */
+/* A memory tier exists when its arena is mapped; the disk tier when its
+ * file is open. */
 static inline bool kvt__has_tier(const kvt_pool *p, uint32_t t)
 {
-    return p->tier[t].base != NULL;
+    return t == KVT_TIER_DISK ? p->disk != NULL : p->tier[t].base != NULL;
 }
 
 /* Looks up a live sequence; KVT_ENOENT for unknown or released ids. */

@@ -6,13 +6,16 @@
 #include <unistd.h>
 
 #include "internal.h"
+#include "../tier/tier.h"
 
 /* Sizes of the first released layouts (0.1): smaller struct_size values are
  * rejected. Pinned, never sizeof of the current struct, so that appending a
  * field keeps old callers working. */
 #define KVT__POOL_OPTS_V1 104u
+#define KVT__POOL_OPTS_V2 112u /* + mover */
 #define KVT__POOL_STATS_V1 264u
 _Static_assert(offsetof(kvt_pool_opts, reserved0) + 4 == KVT__POOL_OPTS_V1, "pool opts v1");
+_Static_assert(offsetof(kvt_pool_opts, mover) + 8 == KVT__POOL_OPTS_V2, "pool opts v2");
 _Static_assert(offsetof(kvt_stats, moved_requests) + 8 * KVT_NUM_DIRS == KVT__POOL_STATS_V1,
                "stats v1");
 
@@ -95,6 +98,9 @@ static int kvt__validate_opts(const kvt_pool_opts *o, kvt_pool *p)
         if (stat(o->disk_dir, &st) != 0 || !S_ISDIR(st.st_mode))
             return kvt__err(KVT_EINVAL, "opts->disk_dir: '%s' is not an existing directory",
                             o->disk_dir);
+        if (o->host_bytes == 0)
+            return kvt__err(KVT_EINVAL, "opts->host_bytes: the disk tier needs a host tier "
+                            "(the host tier is the cache over the disk)");
     }
     return 0;
 }
@@ -103,6 +109,7 @@ KVT_API int kvt_pool_create(kvt_pool **out, const kvt_pool_opts *opts)
 {
     kvt_pool_opts o;
     uint32_t n_dev = 0, n_host = 0;
+    kvt_mover_opts mo;
     int rc;
 
     KVT__CHECK_NULL(out);
@@ -111,11 +118,17 @@ KVT_API int kvt_pool_create(kvt_pool **out, const kvt_pool_opts *opts)
     rc = kvt__opts_copy(&o, sizeof o, opts, KVT__POOL_OPTS_V1, "opts");
     if (rc)
         return rc;
+    if (opts->struct_size > KVT__POOL_OPTS_V1 && opts->struct_size < KVT__POOL_OPTS_V2)
+        return kvt__err(KVT_EINVAL, "opts->struct_size: %u lies between the layouts of %u and "
+                        "%u bytes", opts->struct_size, KVT__POOL_OPTS_V1, KVT__POOL_OPTS_V2);
 
     kvt_pool *p = calloc(1, sizeof *p);
     if (!p)
         return kvt__err(KVT_ENOMEM, "kvt_pool_create: cannot allocate the pool");
     rc = kvt__validate_opts(&o, p);
+    if (rc)
+        goto fail;
+    rc = kvt__mover_opts_resolve(o.mover, &mo);
     if (rc)
         goto fail;
 
@@ -139,12 +152,19 @@ KVT_API int kvt_pool_create(kvt_pool **out, const kvt_pool_opts *opts)
         if (rc)
             goto fail;
     }
+    if (o.disk_dir) {
+        rc = kvt__disk_open(p, o.disk_dir, o.disk_bytes, &mo, &p->disk);
+        if (rc)
+            goto fail;
+    }
     /* Every page has a copy in some tier, so the usable blocks of all tiers
      * bound the number of pages the metadata store must describe. */
     uint64_t meta_slots = 1ull + (n_dev - 1u) + (n_host ? n_host - 1u : 0u);
+    if (p->disk)
+        meta_slots += (uint64_t)p->disk->n_ext * p->disk->E;
     if (meta_slots > UINT32_MAX) {
-        rc = kvt__err(KVT_EOVERFLOW, "opts->host_bytes: device and host tiers together "
-                      "exceed 2^32 blocks");
+        rc = kvt__err(KVT_EOVERFLOW, "opts->disk_bytes: the tiers together exceed 2^32 pages "
+                      "(the metadata store's slot ids)");
         goto fail;
     }
 
@@ -157,13 +177,6 @@ KVT_API int kvt_pool_create(kvt_pool **out, const kvt_pool_opts *opts)
     default: /* AUTO resolves to CPU until the CUDA backend has kernels */
         p->backend = KVT_BACKEND_CPU;
         break;
-    }
-
-    if (o.disk_dir) {
-        rc = kvt__err(KVT_ENOTSUP, "opts->disk_dir: the disk tier is implemented by the tier "
-                      "mover, which this release (%s) does not have yet",
-                      kvt_version_string());
-        goto fail;
     }
 
     /* The CPU backend's device tier is what sparse decode reads at random
@@ -182,6 +195,15 @@ KVT_API int kvt_pool_create(kvt_pool **out, const kvt_pool_opts *opts)
                              "opts->host_bytes");
         if (rc)
             goto fail;
+        /* Which page holds each host block: eviction scans it. */
+        p->host_owner = malloc((size_t)n_host * sizeof *p->host_owner);
+        if (!p->host_owner) {
+            rc = kvt__err(KVT_ENOMEM, "opts->host_bytes: cannot allocate the owner map of %u "
+                          "blocks", n_host);
+            goto fail;
+        }
+        for (uint32_t i = 0; i < n_host; i++)
+            p->host_owner[i].slot = UINT32_MAX;
     }
     rc = kvt__arena_init(&p->meta, p->meta_bytes, (uint32_t)meta_slots, &dev_place,
                          "metadata store");
@@ -199,6 +221,11 @@ KVT_API int kvt_pool_create(kvt_pool **out, const kvt_pool_opts *opts)
     for (uint32_t i = p->max_seqs; i-- > 0;)
         p->free_seq[p->n_free_seq++] = i;
     p->kern = kvt__kernels_select();
+    rc = kvt__mover_create(p, &mo);
+    if (rc)
+        goto fail;
+    if (p->disk)
+        p->disk->kept = p->disk->keep;
     *out = p;
     return 0;
 
@@ -211,6 +238,8 @@ KVT_API void kvt_pool_destroy(kvt_pool *p)
 {
     if (!p)
         return;
+    kvt__mover_destroy(p->mover); /* waits for every move in flight first */
+    p->mover = NULL;
     kvt__tp_fini(&p->tp);
     kvt__step_free(p->step);
     if (p->seqs)
@@ -219,6 +248,8 @@ KVT_API void kvt_pool_destroy(kvt_pool *p)
     for (uint32_t t = 0; t < KVT_NUM_TIERS; t++)
         kvt__arena_fini(&p->tier[t]);
     kvt__arena_fini(&p->meta);
+    kvt__disk_close(p->disk);
+    free(p->host_owner);
     free(p->seqs);
     free(p->free_seq);
     free(p->scratch);
@@ -262,7 +293,14 @@ KVT_API int kvt_pool_stats(const kvt_pool *pool, kvt_stats *stats)
     for (uint32_t t = 0; t < KVT_NUM_TIERS; t++) {
         const kvt__arena *a = &pool->tier[t];
         kvt_tier_stats *ts = &s.tier[t];
-        if (kvt__has_tier(pool, t)) {
+        if (t == KVT_TIER_DISK && pool->disk) {
+            const kvt__disk *d = pool->disk;
+            ts->blocks_total = (uint64_t)d->n_ext * d->E;
+            ts->blocks_free = (uint64_t)d->n_ext_free * d->E;
+            ts->blocks_used = ts->blocks_total - ts->blocks_free;
+            ts->bytes_total = ts->blocks_total * d->slot_bytes;
+            ts->bytes_used = ts->blocks_used * d->slot_bytes;
+        } else if (kvt__has_tier(pool, t)) {
             ts->blocks_total = a->n_blocks - 1u;
             ts->blocks_free = a->n_free;
             ts->blocks_used = ts->blocks_total - ts->blocks_free;

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "internal.h"
+#include "../tier/tier.h"
 
 /* Sizes of the first released layouts (0.1): pinned, never sizeof of the
  * current struct, so that appending a field keeps old callers working. */
@@ -53,6 +54,9 @@ void kvt__seq_fini(kvt__seq *s)
     free(s->topk);
     free(s->topk_n);
     free(s->topk_k);
+    free(s->imp);
+    free(s->use);
+    free(s->disk_ext);
     uint32_t gen = s->gen;
     memset(s, 0, sizeof *s);
     s->gen = gen;
@@ -118,8 +122,10 @@ void kvt__seq_free_pages(kvt_pool *p, kvt__seq *s)
                 size_t e = base + pg;
                 if (s->res[e] & KVT_RES_DEVICE)
                     kvt__arena_free(&p->tier[KVT_TIER_DEVICE], s->dev_block[e]);
-                if (s->res[e] & KVT_RES_HOST)
+                if (s->res[e] & KVT_RES_HOST) {
+                    p->host_owner[s->host_block[e]].slot = UINT32_MAX;
                     kvt__arena_free(&p->tier[KVT_TIER_HOST], s->host_block[e]);
+                }
                 kvt__arena_free(&p->meta, s->meta_slot[e]);
                 for (uint32_t t = 0; t < KVT_NUM_TIERS; t++)
                     if (s->res[e] & (1u << t))
@@ -128,6 +134,7 @@ void kvt__seq_free_pages(kvt_pool *p, kvt__seq *s)
         }
         s->n_tokens[l] = 0;
     }
+    kvt__disk_free_seq(p, s);
     memset(s->pages_in_tier, 0, sizeof s->pages_in_tier);
 }
 
@@ -138,6 +145,9 @@ KVT_API int kvt_seq_release(kvt_pool *pool, kvt_seq_id seq)
     int rc = kvt__seq_lookup(pool, seq, &s);
     if (rc)
         return rc;
+    /* Moves of its pages may be in flight: let them finish first, so no
+     * thread writes into blocks that are about to be reused. */
+    kvt__mover_drain_seq(pool->mover, s);
     kvt__seq_free_pages(pool, s);
     kvt__seq_fini(s);
     pool->free_seq[pool->n_free_seq++] = kvt__id_slot(seq);
@@ -222,8 +232,8 @@ KVT_API int kvt_seq_block_table(const kvt_pool *pool, kvt_seq_id seq, uint32_t l
         memcpy(device_blocks, s->dev_block + base, n_pages * sizeof *device_blocks);
     if (host_blocks && n_pages)
         memcpy(host_blocks, s->host_block + base, n_pages * sizeof *host_blocks);
-    if (residency && n_pages)
-        memcpy(residency, s->res + base, n_pages);
+    for (uint32_t i = 0; residency && i < n_pages; i++)
+        residency[i] = s->res[base + i] & KVT__RES_TIERS; /* never the internal busy bit */
     return 0;
 }
 
@@ -253,18 +263,33 @@ KVT_API int kvt_seq_read_kv(const kvt_pool *pool, kvt_seq_id seq, uint32_t layer
                         layer, have);
     const uint32_t P = pool->g.page_tokens;
     const size_t row = (size_t)pool->g.head_dim * pool->elem;
-    const size_t base = kvt__lh(pool, layer, kv_head) * s->cap_pages;
+    const size_t lh = kvt__lh(pool, layer, kv_head);
+    const size_t base = lh * s->cap_pages;
+    uint8_t *bounce = NULL;
+    uint32_t bounce_page = UINT32_MAX;
     for (uint32_t t = 0; t < n_tokens; t++) {
         uint32_t pos = first_token + t;
         const uint8_t *blk = kvt__page_bytes(pool, s, base + pos / P);
-        if (!blk)
-            return kvt__err(KVT_ENOTSUP, "token %u of layer %u head %u lives only on disk, "
-                            "which this release cannot read", pos, layer, kv_head);
+        if (!blk) {
+            /* Only on disk: read it synchronously, checked against its CRC. */
+            if (!bounce && !(bounce = malloc(pool->block_bytes)))
+                return kvt__err(KVT_ENOMEM, "kvt_seq_read_kv: cannot allocate a page buffer");
+            if (bounce_page != pos / P) {
+                rc = kvt__disk_read_page(pool, kvt__disk_slot(pool, s, lh, pos / P), bounce);
+                if (rc) {
+                    free(bounce);
+                    return rc;
+                }
+                bounce_page = pos / P;
+            }
+            blk = bounce;
+        }
         if (k_out)
             memcpy((uint8_t *)k_out + (size_t)t * row, blk + (size_t)(pos % P) * row, row);
         if (v_out)
             memcpy((uint8_t *)v_out + (size_t)t * row, blk + (size_t)(P + pos % P) * row, row);
     }
+    free(bounce);
     return 0;
 }
 

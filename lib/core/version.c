@@ -20,6 +20,6 @@ KVT_API uint32_t kvt_build_features(void)
     uint32_t f = KVT_FEATURE_NUMA;
     if (kvt__cuda_built())
         f |= KVT_FEATURE_CUDA;
-    /* KVT_FEATURE_URING is reported once the disk tier (mover) exists. */
+    f |= KVT_FEATURE_URING; /* the disk tier's I/O (lib/tier/uring.c) */
     return f;
 }

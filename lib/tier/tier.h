@@ -1,0 +1,192 @@
+/* Internal interface of the tier mover and the disk tier (lib/tier). */
+#ifndef KVTIER_TIER_H
+#define KVTIER_TIER_H
+
+#include "../core/internal.h"
+
+/* ---- disk tier (disk.c) ----------------------------------------------------
+ * One file, cut into page slots (a block rounded up to the 4 KiB O_DIRECT
+ * unit), grouped into extents of E slots, grouped into segments of S
+ * extents. A (layer, head) claims whole segments, and each (sequence, layer,
+ * head) takes extents from its layer-head's segments, so the pages of one
+ * (sequence, layer, head) lie in page order inside extents that are usually
+ * neighbours on disk ("layer-head partitioning"). */
+typedef struct kvt__disk {
+    int fd;
+    bool direct;           /* opened with O_DIRECT */
+    bool keep;             /* file left in place on destroy */
+    bool kept;             /* the pool was created: keep it from now on */
+    char *path;
+    uint64_t file_bytes;
+    uint64_t block_bytes;  /* bytes of a page */
+    uint64_t slot_bytes;   /* bytes a page takes on disk */
+    uint32_t E, S;         /* extent pages, segment extents */
+    uint32_t n_ext, n_seg;
+    uint32_t n_lh;
+    uint32_t *ext_next;    /* [n_ext] free-list links; UINT32_MAX ends */
+    uint32_t *ext_lh;      /* [n_ext] layer-head whose segment holds it; UINT32_MAX = none */
+    uint32_t *lh_head;     /* [n_lh] free extents of the layer-head */
+    uint32_t *seg_stack;   /* free segments */
+    uint32_t n_seg_free;
+    uint32_t n_ext_free;   /* extents free (in layer-head lists and free segments) */
+    uint32_t *crc;         /* [n_ext * E] CRC32C of the page in each slot */
+} kvt__disk;
+
+#define KVT__DIO_ALIGN 4096u
+
+KVT__HIDDEN int kvt__disk_open(kvt_pool *p, const char *dir, uint64_t bytes,
+                               const kvt_mover_opts *mo, kvt__disk **out);
+KVT__HIDDEN void kvt__disk_close(kvt__disk *d);
+/* The disk slot of (s, lh, page), or UINT64_MAX when its extent is not
+ * allocated. */
+KVT__HIDDEN uint64_t kvt__disk_slot(const kvt_pool *p, const kvt__seq *s, size_t lh,
+                                    uint32_t page);
+/* As kvt__disk_slot, allocating the extent when needed; KVT_ENOSPC when the
+ * file is full. */
+KVT__HIDDEN int kvt__disk_slot_alloc(kvt_pool *p, kvt__seq *s, size_t lh, uint32_t page,
+                                     uint64_t *slot);
+/* Returns every extent of the sequence to its layer-head. */
+KVT__HIDDEN void kvt__disk_free_seq(kvt_pool *p, kvt__seq *s);
+/* Synchronous read of one page from its slot into buf (block_bytes, any
+ * alignment), verified against its CRC. */
+KVT__HIDDEN int kvt__disk_read_page(const kvt_pool *p, uint64_t slot, void *buf);
+/* Invariant walk of the extents (called by kvt_pool_check). */
+KVT__HIDDEN int kvt__disk_check(const kvt_pool *p);
+/* Grows s->disk_ext to cover cap_pages pages per (layer, head). */
+KVT__HIDDEN int kvt__disk_seq_reserve(kvt_pool *p, kvt__seq *s, uint32_t cap_pages);
+
+/* ---- mover (mover.c, uring.c) ----------------------------------------------- */
+enum { KVT__OP_NOP = 0, KVT__OP_COPY = 1, KVT__OP_WRITE = 2, KVT__OP_READ = 3 };
+
+typedef struct kvt__op {
+    struct kvt__op *next;      /* queue link */
+    struct kvt__batch *batch;
+    uint32_t idx;              /* position in the batch */
+    uint32_t slot, page;       /* sequence slot, logical page */
+    uint32_t lh;
+    uint8_t from, to, flags, kind;
+    uint8_t src_tier, dst_tier;
+    uint32_t src_blk;          /* memory block read by COPY / WRITE */
+    uint32_t dst_blk;          /* memory block written by COPY / READ (reserved) */
+    uint64_t dslot;            /* disk slot read or written */
+    uint32_t crc;              /* WRITE: computed; READ: expected */
+    int32_t status;
+} kvt__op;
+
+typedef struct kvt__batch {
+    struct kvt__batch *next;   /* the mover's list of unreported batches */
+    kvt_fence fence;
+    uint32_t n, n_done;
+    int32_t first_err;
+    bool urgent;
+    int32_t *results;
+    char msg[192];             /* the first failure, in words */
+    kvt__op ops[];
+} kvt__batch;
+
+/* A disk request after coalescing: adjacent slots in one I/O. */
+typedef struct kvt__iou {
+    kvt__op **ops;
+    uint32_t n_ops;
+    bool write;
+    uint32_t buf;              /* staging buffer index */
+    uint64_t off;
+    uint32_t len, done;
+    uint32_t retries;
+    uint32_t fault;            /* KVT__FAULT_* to apply to this request */
+} kvt__iou;
+
+/* Fault injection (test builds, -DKVT_FAULT_INJECTION). */
+#define KVT__FAULT_NONE   0u
+#define KVT__FAULT_EIO    1u /* the request fails with -EIO */
+#define KVT__FAULT_SHORT  2u /* the request returns half its bytes */
+#define KVT__FAULT_FLIP   3u /* one byte of the data is flipped (read: after the
+                                read; write: before it, so the disk holds it) */
+#define KVT__FAULT_ENOSPC 4u /* the request fails with -ENOSPC */
+#define KVT__FAULT_EAGAIN 5u /* the request fails with -EAGAIN (retried) */
+
+typedef struct kvt__fault {
+    uint32_t kind;
+    uint64_t nth;              /* 1-based request count that fails; 0 = off */
+    uint64_t count;
+} kvt__fault;
+
+struct kvt_mover {
+    kvt_pool *pool;
+    kvt_mover_opts o;
+    pthread_mutex_t mu;
+    pthread_cond_t work_cv, io_cv, done_cv;
+    bool stop;
+    bool sync_inited;
+    /* Queues, under mu: [0] urgent, [1] normal. */
+    kvt__op *cq_head[2], *cq_tail[2];  /* memcpy */
+    kvt__op *iq_head[2], *iq_tail[2];  /* disk */
+    kvt__op *done_head, *done_tail;    /* finished, not applied */
+    uint64_t pending;                   /* ops queued or running */
+    pthread_t *copy_th;
+    uint32_t n_copy;
+    bool io_started;
+    pthread_t io_th;
+    /* io_uring, used by the I/O thread only. */
+    void *ring;                         /* struct io_uring */
+    bool registered;
+    uint8_t *stage;
+    size_t stage_map;
+    uint32_t stage_bytes;               /* bytes of one staging buffer */
+    uint32_t n_units;
+    kvt__iou *units;
+    kvt__op **unit_ops;
+    uint32_t *free_units;
+    uint32_t n_free_units;
+    kvt__iou **prep;                    /* [n_units] to (re)submit */
+    /* Caller-thread state. */
+    kvt__batch *batches;
+    kvt__batch **batches_tail;
+    kvt_fence next_fence;
+    uint64_t batches_in_flight, moves_in_flight;
+    void *evict_scratch;
+    /* Counters (written under mu by the threads, or by the caller). */
+    uint64_t disk_reads, disk_writes, disk_read_bytes, disk_write_bytes;
+    uint64_t retries, short_io, io_errors, checksum_errors, evictions;
+    kvt__fault fault_read, fault_write;
+};
+
+/* Pops the head of disk queue q (under mu). */
+static inline kvt__op *kvt__q_pop_io(kvt_mover *m, int q)
+{
+    kvt__op *op = m->iq_head[q];
+    m->iq_head[q] = op->next;
+    if (!m->iq_head[q])
+        m->iq_tail[q] = NULL;
+    op->next = NULL;
+    return op;
+}
+
+KVT__HIDDEN int kvt__mover_create(kvt_pool *p, const kvt_mover_opts *o);
+/* Waits for every queued move, stops the threads, frees everything. */
+KVT__HIDDEN void kvt__mover_destroy(kvt_mover *m);
+/* Waits until no move of the sequence is in flight, applying completions. */
+KVT__HIDDEN void kvt__mover_drain_seq(kvt_mover *m, kvt__seq *s);
+/* Marks blocks held by moves in flight (for kvt_pool_check): calls fn for
+ * every reserved destination block. */
+KVT__HIDDEN void kvt__mover_reserved(const kvt_mover *m,
+                                     void (*fn)(void *ctx, uint32_t tier, uint32_t blk),
+                                     void *ctx);
+/* The I/O thread (uring.c). */
+KVT__HIDDEN int kvt__uring_init(kvt_mover *m);
+KVT__HIDDEN void kvt__uring_fini(kvt_mover *m);
+KVT__HIDDEN void *kvt__uring_thread(void *arg);
+/* Called by the threads, under mu: an op is finished. */
+KVT__HIDDEN void kvt__op_finish_locked(kvt_mover *m, kvt__op *op, int32_t status,
+                                       const char *fmt, ...) KVT__PRINTF(4, 5);
+
+/* Validated options with defaults applied. */
+KVT__HIDDEN int kvt__mover_opts_resolve(const kvt_mover_opts *in, kvt_mover_opts *out);
+
+#ifdef KVT_FAULT_INJECTION
+/* Test builds only: the nth disk read (write) request from now fails as
+ * `kind` says. */
+KVT__HIDDEN int kvt__mover_fault(kvt_mover *m, bool write, uint32_t kind, uint64_t nth);
+#endif
+
+#endif /* KVTIER_TIER_H */

@@ -1,0 +1,365 @@
+/* The mover's I/O thread: disk moves through io_uring with registered
+ * staging buffers and a registered file, adjacent slots coalesced into one
+ * request, short transfers continued, -EAGAIN/-EINTR retried, every read
+ * checked against the page's CRC32C before its bytes are used. */
+#include <errno.h>
+#include <liburing.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/uio.h>
+
+#include "tier.h"
+
+#define KVT__MAX_RETRIES 64u
+
+int kvt__uring_init(kvt_mover *m)
+{
+    const kvt__disk *d = m->pool->disk;
+    uint64_t per = m->o.max_io_bytes / d->slot_bytes;
+    if (per == 0)
+        per = 1;
+    if (per * d->slot_bytes > UINT32_MAX / 2)
+        per = (UINT32_MAX / 2) / d->slot_bytes;
+    m->stage_bytes = (uint32_t)(per * d->slot_bytes);
+    m->n_units = m->o.queue_depth;
+    m->stage_map = (size_t)m->n_units * m->stage_bytes;
+    void *st = mmap(NULL, m->stage_map, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1,
+                    0);
+    if (st == MAP_FAILED) {
+        m->stage_map = 0;
+        return kvt__err(KVT_ENOMEM, "mover: cannot map %zu bytes of staging buffers",
+                        (size_t)m->n_units * m->stage_bytes);
+    }
+    m->stage = st;
+    m->units = calloc(m->n_units, sizeof *m->units);
+    m->unit_ops = calloc((size_t)m->n_units * per, sizeof *m->unit_ops);
+    m->free_units = malloc((size_t)m->n_units * sizeof *m->free_units);
+    m->prep = malloc((size_t)m->n_units * sizeof *m->prep);
+    struct io_uring *ring = calloc(1, sizeof *ring);
+    if (!m->units || !m->unit_ops || !m->free_units || !m->prep || !ring) {
+        free(ring);
+        return kvt__err(KVT_ENOMEM, "mover: cannot allocate %u I/O slots", m->n_units);
+    }
+    for (uint32_t i = 0; i < m->n_units; i++) {
+        m->units[i].ops = m->unit_ops + (size_t)i * per;
+        m->units[i].buf = i;
+        m->free_units[m->n_free_units++] = m->n_units - 1u - i;
+    }
+    int e = io_uring_queue_init(m->n_units, ring, 0);
+    if (e < 0) {
+        free(ring);
+        return kvt__err(KVT_ENOTSUP, "opts->disk_dir: io_uring is not available (%s); the disk "
+                        "tier needs it", strerror(-e));
+    }
+    m->ring = ring;
+    /* Registered buffers and file spare the kernel a page-table walk and a
+     * file lookup per request; without them (RLIMIT_MEMLOCK, old kernels)
+     * the same requests run unregistered. */
+    struct iovec *iov = malloc((size_t)m->n_units * sizeof *iov);
+    bool ok = iov != NULL;
+    for (uint32_t i = 0; ok && i < m->n_units; i++) {
+        iov[i].iov_base = m->stage + (size_t)i * m->stage_bytes;
+        iov[i].iov_len = m->stage_bytes;
+    }
+    if (ok && io_uring_register_buffers(ring, iov, m->n_units) < 0)
+        ok = false;
+    if (ok && io_uring_register_files(ring, &d->fd, 1) < 0) {
+        io_uring_unregister_buffers(ring);
+        ok = false;
+    }
+    free(iov);
+    m->registered = ok;
+    return 0;
+}
+
+void kvt__uring_fini(kvt_mover *m)
+{
+    if (m->ring) {
+        io_uring_queue_exit(m->ring); /* unregisters buffers and files too */
+        free(m->ring);
+        m->ring = NULL;
+    }
+    if (m->stage)
+        munmap(m->stage, m->stage_map);
+    m->stage = NULL;
+    free(m->units);
+    free(m->unit_ops);
+    free(m->free_units);
+    free(m->prep);
+    m->units = NULL;
+    m->unit_ops = NULL;
+    m->free_units = NULL;
+    m->prep = NULL;
+}
+
+static uint8_t *kvt__unit_buf(const kvt_mover *m, const kvt__iou *u)
+{
+    return m->stage + (size_t)u->buf * m->stage_bytes;
+}
+
+/* Which fault, if any, the next request of this kind draws. */
+static uint32_t kvt__fault_draw(kvt_mover *m, bool write)
+{
+#ifdef KVT_FAULT_INJECTION
+    kvt__fault *f = write ? &m->fault_write : &m->fault_read;
+    pthread_mutex_lock(&m->mu);
+    uint32_t k = KVT__FAULT_NONE;
+    if (f->nth && ++f->count == f->nth) {
+        k = f->kind;
+        f->nth = 0;
+    }
+    pthread_mutex_unlock(&m->mu);
+    return k;
+#else
+    (void)m;
+    (void)write;
+    return KVT__FAULT_NONE;
+#endif
+}
+
+#ifdef KVT_FAULT_INJECTION
+int kvt__mover_fault(kvt_mover *m, bool write, uint32_t kind, uint64_t nth)
+{
+    pthread_mutex_lock(&m->mu);
+    kvt__fault *f = write ? &m->fault_write : &m->fault_read;
+    f->kind = kind;
+    f->nth = nth;
+    f->count = 0;
+    pthread_mutex_unlock(&m->mu);
+    return 0;
+}
+#endif
+
+/* Fills a write's staging buffer from the source blocks and records each
+ * page's CRC, computed on the bytes that go to disk. */
+static void kvt__stage_write(kvt_mover *m, kvt__iou *u)
+{
+    const kvt_pool *p = m->pool;
+    const kvt__disk *d = p->disk;
+    uint8_t *buf = kvt__unit_buf(m, u);
+    for (uint32_t i = 0; i < u->n_ops; i++) {
+        kvt__op *op = u->ops[i];
+        uint8_t *dst = buf + (size_t)i * d->slot_bytes;
+        memcpy(dst, kvt__arena_block(&p->tier[op->src_tier], op->src_blk), d->block_bytes);
+        if (d->slot_bytes > d->block_bytes)
+            memset(dst + d->block_bytes, 0, d->slot_bytes - d->block_bytes);
+        op->crc = kvt__crc32c(0, dst, d->block_bytes);
+    }
+    if (u->fault == KVT__FAULT_FLIP) {
+        buf[d->block_bytes / 3] ^= 0x5a; /* media corruption after the CRC */
+        u->fault = KVT__FAULT_NONE;
+    }
+}
+
+static void kvt__prep(kvt_mover *m, kvt__iou *u)
+{
+    struct io_uring *ring = m->ring;
+    struct io_uring_sqe *sqe = io_uring_get_sqe(ring);
+    uint8_t *buf = kvt__unit_buf(m, u) + u->done;
+    const unsigned len = u->len - u->done;
+    const uint64_t off = u->off + u->done;
+    if (m->registered) {
+        if (u->write)
+            io_uring_prep_write_fixed(sqe, 0, buf, len, off, (int)u->buf);
+        else
+            io_uring_prep_read_fixed(sqe, 0, buf, len, off, (int)u->buf);
+        sqe->flags |= IOSQE_FIXED_FILE;
+    } else {
+        const int fd = m->pool->disk->fd;
+        if (u->write)
+            io_uring_prep_write(sqe, fd, buf, len, off);
+        else
+            io_uring_prep_read(sqe, fd, buf, len, off);
+    }
+    io_uring_sqe_set_data(sqe, u);
+}
+
+static void kvt__fail_msg(kvt_mover *m, kvt__op *op, const kvt__iou *u, int32_t code, int err)
+{
+    kvt__op_finish_locked(m, op, code, "disk %s of slot %llu (%u pages at offset %llu): %s",
+                          u->write ? "write" : "read", (unsigned long long)op->dslot, u->n_ops,
+                          (unsigned long long)u->off,
+                          err ? strerror(err) : "unexpected end of file");
+}
+
+/* Completes a request: pages verified and copied (reads), results queued. */
+static void kvt__unit_done(kvt_mover *m, kvt__iou *u, int32_t code, int err)
+{
+    const kvt_pool *p = m->pool;
+    const kvt__disk *d = p->disk;
+    int32_t st[64];
+    uint8_t *buf = kvt__unit_buf(m, u);
+    /* Verify outside the lock; pages are independent. */
+    for (uint32_t i = 0; i < u->n_ops && !code; i++) {
+        kvt__op *op = u->ops[i];
+        int32_t s = 0;
+        if (!u->write) {
+            const uint8_t *src = buf + (size_t)i * d->slot_bytes;
+            if (kvt__crc32c(0, src, d->block_bytes) != op->crc) {
+                s = KVT_ECORRUPT;
+            } else {
+                memcpy(kvt__arena_block(&p->tier[op->dst_tier], op->dst_blk), src,
+                       d->block_bytes);
+            }
+        }
+        if (i < 64)
+            st[i] = s;
+        else
+            op->status = s;
+    }
+    pthread_mutex_lock(&m->mu);
+    if (u->write) {
+        m->disk_writes++;
+        m->disk_write_bytes += u->done;
+    } else {
+        m->disk_reads++;
+        m->disk_read_bytes += u->done;
+    }
+    for (uint32_t i = 0; i < u->n_ops; i++) {
+        kvt__op *op = u->ops[i];
+        if (code) {
+            m->io_errors++;
+            kvt__fail_msg(m, op, u, code, err);
+            continue;
+        }
+        int32_t s = i < 64 ? st[i] : op->status;
+        if (s == KVT_ECORRUPT) {
+            m->checksum_errors++;
+            kvt__op_finish_locked(m, op, s, "disk read of slot %llu: CRC32C mismatch (the "
+                                  "page's data is not used)", (unsigned long long)op->dslot);
+        } else {
+            kvt__op_finish_locked(m, op, 0, NULL);
+        }
+    }
+    m->free_units[m->n_free_units++] = u->buf;
+    pthread_cond_broadcast(&m->done_cv);
+    pthread_mutex_unlock(&m->mu);
+}
+
+void *kvt__uring_thread(void *arg)
+{
+    kvt_mover *m = arg;
+    struct io_uring *ring = m->ring;
+    const kvt__disk *d = m->pool->disk;
+    const uint32_t max_ops = m->stage_bytes / (uint32_t)d->slot_bytes;
+    uint32_t inflight = 0, n_prep = 0;
+
+    pthread_mutex_lock(&m->mu);
+    for (;;) {
+        /* Take queued moves (urgent first), coalescing adjacent slots of
+         * the same kind into one request up to the staging size. */
+        while (m->n_free_units && (m->iq_head[0] || m->iq_head[1])) {
+            const int q = m->iq_head[0] ? 0 : 1;
+            kvt__iou *u = &m->units[m->free_units[--m->n_free_units]];
+            kvt__op *op = kvt__q_pop_io(m, q);
+            u->ops[0] = op;
+            u->n_ops = 1;
+            u->write = op->kind == KVT__OP_WRITE;
+            while (u->n_ops < max_ops && m->iq_head[q] && m->iq_head[q]->kind == op->kind &&
+                   m->iq_head[q]->dslot == u->ops[u->n_ops - 1]->dslot + 1)
+                u->ops[u->n_ops++] = kvt__q_pop_io(m, q);
+            u->off = op->dslot * d->slot_bytes;
+            u->len = u->n_ops * (uint32_t)d->slot_bytes;
+            u->done = 0;
+            u->retries = 0;
+            u->fault = KVT__FAULT_NONE;
+            m->prep[n_prep++] = u;
+        }
+        if (!n_prep && !inflight) {
+            if (m->stop)
+                break;
+            pthread_cond_wait(&m->io_cv, &m->mu);
+            continue;
+        }
+        pthread_mutex_unlock(&m->mu);
+
+        for (uint32_t i = 0; i < n_prep; i++) {
+            kvt__iou *u = m->prep[i];
+            if (u->done == 0 && u->retries == 0) {
+                u->fault = kvt__fault_draw(m, u->write);
+                if (u->write)
+                    kvt__stage_write(m, u);
+            }
+            kvt__prep(m, u);
+        }
+        inflight += n_prep;
+        n_prep = 0;
+        int e;
+        do
+            e = io_uring_submit_and_wait(ring, 1);
+        while (e == -EINTR);
+        if (e < 0) {
+            /* The ring itself failed: nothing more can be submitted or
+             * reaped reliably. Wait for what is in flight, then fail. */
+            struct io_uring_cqe *cqe;
+            while (inflight && io_uring_wait_cqe(ring, &cqe) == 0) {
+                kvt__iou *u = io_uring_cqe_get_data(cqe);
+                io_uring_cqe_seen(ring, cqe);
+                inflight--;
+                kvt__unit_done(m, u, KVT_EIO, -e);
+            }
+            inflight = 0;
+        }
+
+        struct io_uring_cqe *cqe;
+        unsigned head, seen = 0;
+        io_uring_for_each_cqe(ring, head, cqe)
+        {
+            kvt__iou *u = io_uring_cqe_get_data(cqe);
+            int res = cqe->res;
+            seen++;
+            inflight--;
+            switch (u->fault) {
+            case KVT__FAULT_EIO:
+                res = -EIO;
+                break;
+            case KVT__FAULT_ENOSPC:
+                res = -ENOSPC;
+                break;
+            case KVT__FAULT_EAGAIN:
+                res = -EAGAIN;
+                break;
+            case KVT__FAULT_SHORT:
+                if (res > 0 && ((unsigned)res / 2u) / KVT__DIO_ALIGN > 0)
+                    res = (int)(((unsigned)res / 2u) / KVT__DIO_ALIGN * KVT__DIO_ALIGN);
+                break;
+            case KVT__FAULT_FLIP:
+                if (!u->write && res > 0)
+                    kvt__unit_buf(m, u)[d->block_bytes / 2] ^= 0xa5;
+                break;
+            default:
+                break;
+            }
+            u->fault = KVT__FAULT_NONE;
+            if (res == -EAGAIN || res == -EINTR) {
+                if (++u->retries > KVT__MAX_RETRIES) {
+                    kvt__unit_done(m, u, KVT_EIO, -res);
+                } else {
+                    pthread_mutex_lock(&m->mu);
+                    m->retries++;
+                    pthread_mutex_unlock(&m->mu);
+                    m->prep[n_prep++] = u;
+                }
+            } else if (res < 0) {
+                kvt__unit_done(m, u, res == -ENOSPC ? KVT_ENOSPC : KVT_EIO, -res);
+            } else if (res == 0) {
+                kvt__unit_done(m, u, KVT_EIO, 0); /* end of file inside the disk file */
+            } else {
+                u->done += (uint32_t)res;
+                if (u->done < u->len) {
+                    pthread_mutex_lock(&m->mu);
+                    m->short_io++;
+                    pthread_mutex_unlock(&m->mu);
+                    m->prep[n_prep++] = u;
+                } else {
+                    kvt__unit_done(m, u, 0, 0);
+                }
+            }
+        }
+        io_uring_cq_advance(ring, seen);
+        pthread_mutex_lock(&m->mu);
+    }
+    pthread_mutex_unlock(&m->mu);
+    return NULL;
+}
