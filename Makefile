@@ -118,7 +118,10 @@ PROG_RPATH := -Wl,-rpath,'$$ORIGIN/../lib'
 TESTS_SHARED := test_errors test_opts test_pool test_append test_random test_c_headers \
                 test_select test_decode test_step test_mover
 TESTS_STATIC := test_convert test_crc32c
-TEST_BINS := $(addprefix $(O)/tests/,$(TESTS_SHARED) $(TESTS_STATIC) test_cxx_headers)
+# Fault-injection tests link a static library whose tier sources are built
+# with KVT_FAULT_INJECTION; the installed library never has the hooks.
+TESTS_FAULT  := test_mover_faults
+TEST_BINS := $(addprefix $(O)/tests/,$(TESTS_SHARED) $(TESTS_STATIC) $(TESTS_FAULT) test_cxx_headers)
 TEST_SCRIPTS := tests/test_symbols.sh tests/test_man.sh tests/test_install.sh
 
 .PHONY: all lib programs check check-asan check-valgrind demo install uninstall clean \
@@ -147,6 +150,17 @@ $(LIB_SO): $(LIB_OBJS) lib/libkvtier.map
 	  -Wl,--as-needed $(SANFLAGS) $(LDFLAGS) -o $@ $(LIB_OBJS) $(LIB_LDLIBS)
 	ln -sf $(SOFILE) $(O)/lib/$(SONAME)
 	ln -sf $(SONAME) $(O)/lib/$(LIBNAME).so
+
+TIER_SRCS  := $(wildcard lib/tier/*.c)
+FAULT_OBJS := $(filter-out $(TIER_SRCS:%.c=$(O)/obj/%.o),$(LIB_OBJS)) \
+              $(TIER_SRCS:%.c=$(O)/obj-fault/%.o)
+$(O)/obj-fault/%.o: %.c $(wildcard include/kvtier/*.h lib/*/*.h) | $(O)/config.mk
+	@mkdir -p $(dir $@)
+	$(CC) $(BASE_CFLAGS) $(DEP_CFLAGS) $(CFLAGS) -DKVT_FAULT_INJECTION -c $< -o $@
+$(O)/lib/libkvtier-fault.a: $(FAULT_OBJS)
+	@mkdir -p $(dir $@)
+	rm -f $@
+	ar rcs $@ $(FAULT_OBJS)
 
 $(LIB_A): $(LIB_OBJS)
 	@mkdir -p $(dir $@)
@@ -187,6 +201,12 @@ $(addprefix $(O)/tests/,$(TESTS_SHARED)): $(O)/tests/%: tests/%.c tests/testutil
 $(addprefix $(O)/tests/,$(TESTS_STATIC)): $(O)/tests/%: tests/%.c tests/testutil.h $(LIB_A)
 	@mkdir -p $(dir $@)
 	$(CC) $(TEST_CFLAGS) $< -o $@ $(LIB_A) $(CMOCKA_LIBS) $(LIB_LDLIBS) $(LDFLAGS)
+
+$(addprefix $(O)/tests/,$(TESTS_FAULT)): $(O)/tests/%: tests/%.c tests/testutil.h tests/tiertest.h \
+                                          $(O)/lib/libkvtier-fault.a
+	@mkdir -p $(dir $@)
+	$(CC) $(TEST_CFLAGS) -DKVT_FAULT_INJECTION $< -o $@ $(O)/lib/libkvtier-fault.a $(CMOCKA_LIBS) \
+	  $(LIB_LDLIBS) $(LDFLAGS)
 
 # The public headers must compile as strict C11 and as C++17, warnings fatal.
 $(O)/tests/test_c_headers: TEST_EXTRA = -Wpedantic -Werror

@@ -26,7 +26,7 @@ typedef struct {
     uint16_t *k[L], *v[L]; /* [MAXTOK][H][D] */
 } tseq;
 
-static uint16_t rand_f16(tu_rng *r)
+static inline uint16_t rand_f16(tu_rng *r)
 {
     uint16_t h;
     do
@@ -35,7 +35,7 @@ static uint16_t rand_f16(tu_rng *r)
     return h;
 }
 
-static void tseq_init(tseq *t)
+static inline void tseq_init(tseq *t)
 {
     memset(t, 0, sizeof *t);
     for (int l = 0; l < L; l++) {
@@ -44,7 +44,7 @@ static void tseq_init(tseq *t)
     }
 }
 
-static void tseq_free(tseq *t)
+static inline void tseq_free(tseq *t)
 {
     for (int l = 0; l < L; l++) {
         free(t->k[l]);
@@ -52,7 +52,7 @@ static void tseq_free(tseq *t)
     }
 }
 
-static void tseq_append(kvt_pool *p, tseq *t, uint32_t n, tu_rng *r)
+static inline void tseq_append(kvt_pool *p, tseq *t, uint32_t n, tu_rng *r)
 {
     for (int l = 0; l < L; l++) {
         uint16_t *k = t->k[l] + (size_t)t->n * H * D, *v = t->v[l] + (size_t)t->n * H * D;
@@ -66,7 +66,7 @@ static void tseq_append(kvt_pool *p, tseq *t, uint32_t n, tu_rng *r)
 }
 
 /* Every token of every (layer, head) reads back bit for bit. */
-static void tseq_verify(const kvt_pool *p, const tseq *t)
+static inline void tseq_verify(const kvt_pool *p, const tseq *t)
 {
     uint16_t *k = malloc((size_t)MAXTOK * D * 2), *v = malloc((size_t)MAXTOK * D * 2);
     for (int l = 0; l < L; l++)
@@ -83,7 +83,7 @@ static void tseq_verify(const kvt_pool *p, const tseq *t)
     free(v);
 }
 
-static kvt_pool_opts disk_opts(uint32_t dev, uint32_t host, uint64_t disk_bytes,
+static inline kvt_pool_opts disk_opts(uint32_t dev, uint32_t host, uint64_t disk_bytes,
                                const kvt_mover_opts *mo)
 {
     kvt_pool_opts o = tu_opts(L, H, H, D, P, KVT_DTYPE_F16, dev, host);
@@ -94,14 +94,14 @@ static kvt_pool_opts disk_opts(uint32_t dev, uint32_t host, uint64_t disk_bytes,
     return o;
 }
 
-static uint8_t residency(const kvt_pool *p, kvt_seq_id s, uint32_t l, uint32_t h, uint32_t pg)
+static inline uint8_t residency(const kvt_pool *p, kvt_seq_id s, uint32_t l, uint32_t h, uint32_t pg)
 {
     uint8_t r = 0;
     TU_OK(kvt_seq_block_table(p, s, l, h, pg, 1, NULL, NULL, &r));
     return r;
 }
 
-static kvt_mover *mover_of(kvt_pool *p)
+static inline kvt_mover *mover_of(kvt_pool *p)
 {
     kvt_mover *m = NULL;
     TU_OK(kvt_pool_mover(p, &m));
@@ -109,7 +109,7 @@ static kvt_mover *mover_of(kvt_pool *p)
     return m;
 }
 
-static int count_dir_entries(void)
+static inline int count_dir_entries(void)
 {
     DIR *d = opendir(g_dir);
     int n = 0;
@@ -120,7 +120,7 @@ static int count_dir_entries(void)
     return n;
 }
 
-static int tier_setup(void **state)
+static inline int tier_setup(void **state)
 {
     (void)state;
     const char *base = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
@@ -128,7 +128,7 @@ static int tier_setup(void **state)
     return mkdtemp(g_dir) ? 0 : -1;
 }
 
-static int tier_teardown(void **state)
+static inline int tier_teardown(void **state)
 {
     (void)state;
     return rmdir(g_dir);
