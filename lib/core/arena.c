@@ -28,7 +28,9 @@ static void *kvt__map(size_t bytes, const kvt__arena_place *pl, bool *numa)
             *numa = true;
             return p;
         }
-        return NULL;
+        /* libnuma could not place it (a node without free memory, a
+         * restricted cpuset): plain pages, placed by the kernel's default
+         * policy, rather than no host tier at all. */
     }
     void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     return p == MAP_FAILED ? NULL : p;
