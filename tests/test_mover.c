@@ -364,6 +364,52 @@ static void test_host_eviction(void **state)
     tseq_free(&t);
 }
 
+/* A larger host tier: evictions come in batches of 1/64 of the tier, the
+ * least recently fetched first, ties by block (the order they were taken). */
+static void test_eviction_batches(void **state)
+{
+    (void)state;
+    kvt_pool_opts o = disk_opts(600, 129, 16u << 20, NULL); /* 128 usable: batches of 2 */
+    kvt_pool *p;
+    TU_OK(kvt_pool_create(&p, &o));
+    kvt_mover *m = mover_of(p);
+    tu_rng r = {12};
+    tseq t;
+    tseq_init(&t);
+    TU_OK(kvt_seq_create(p, NULL, &t.id));
+    tseq_append(p, &t, 140 * P, &r);
+    static kvt_move mv[140];
+    kvt_fence f;
+    for (uint32_t i = 0; i < 140; i++)
+        mv[i] = (kvt_move){t.id, 0, 1, i, KVT_TIER_DEVICE, KVT_TIER_DISK, KVT_MOVE_DROP_SOURCE};
+    TU_OK(kvt_mover_submit(m, mv, 140, 0, NULL, &f));
+    TU_OK(kvt_mover_wait(m, f, UINT64_MAX));
+    /* Four batches of 32 fill the host tier, oldest first; the batches go
+     * in reverse page order so recency, not page index, decides. */
+    for (uint32_t b = 0; b < 4; b++) {
+        for (uint32_t i = 0; i < 32; i++)
+            mv[i] = (kvt_move){t.id, 0, 1, 127 - (32 * b + i), KVT_TIER_DISK, KVT_TIER_HOST, 0};
+        TU_OK(kvt_mover_submit(m, mv, 32, 0, NULL, &f));
+        TU_OK(kvt_mover_wait(m, f, UINT64_MAX));
+    }
+    /* Three single fetches: the first drops two (a batch of 128 / 64), the
+     * second none, the third two more: always the oldest, in the order
+     * their blocks were taken (127, 126, 125, 124). */
+    for (uint32_t i = 0; i < 3; i++) {
+        mv[0] = (kvt_move){t.id, 0, 1, 128 + i, KVT_TIER_DISK, KVT_TIER_HOST, 0};
+        TU_OK(kvt_mover_submit(m, mv, 1, 0, NULL, &f));
+        TU_OK(kvt_mover_wait(m, f, UINT64_MAX));
+    }
+    for (uint32_t pg = 0; pg < 140; pg++) {
+        bool host = (pg < 124) || (pg >= 128 && pg < 131);
+        assert_int_equal(residency(p, t.id, 0, 1, pg), KVT_RES_DISK | (host ? KVT_RES_HOST : 0));
+    }
+    TU_CHECK(p);
+    tseq_verify(p, &t);
+    kvt_pool_destroy(p);
+    tseq_free(&t);
+}
+
 /* ---- full disk, directories, sharing ------------------------------------------ */
 static void test_disk_full(void **state)
 {
@@ -529,6 +575,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_round_trip),     cmocka_unit_test(test_random_workload),
         cmocka_unit_test(test_bad_input),      cmocka_unit_test(test_host_eviction),
+        cmocka_unit_test(test_eviction_batches),
         cmocka_unit_test(test_disk_full),      cmocka_unit_test(test_directories),
         cmocka_unit_test(test_in_flight),
     };

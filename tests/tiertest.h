@@ -15,7 +15,7 @@
 #define H 2
 #define D 64
 #define P 32 /* block = 2 * 32 * 64 * 2 = 8 KiB: one O_DIRECT-friendly slot */
-#define MAXTOK 1024
+#define MAXTOK 8192
 
 static char g_dir[256];
 

@@ -86,6 +86,18 @@ void kvt__op_finish_locked(kvt_mover *m, kvt__op *op, int32_t status, const char
         m->done_head = op;
     m->done_tail = op;
     m->pending--;
+    /* Waiters wait for whole batches: wake them once per batch, not once
+     * per page. */
+    if (++op->batch->n_fin == op->batch->n || m->pending == 0)
+        m->wake = true;
+}
+
+void kvt__wake_locked(kvt_mover *m)
+{
+    if (m->wake) {
+        m->wake = false;
+        pthread_cond_broadcast(&m->done_cv);
+    }
 }
 
 static kvt__op *kvt__q_pop(kvt__op **head, kvt__op **tail)
@@ -137,7 +149,7 @@ static void *kvt__copy_thread(void *arg)
         pthread_mutex_lock(&m->mu);
         for (uint32_t i = 0; i < n; i++)
             kvt__op_finish_locked(m, mine[i], 0, NULL);
-        pthread_cond_broadcast(&m->done_cv);
+        kvt__wake_locked(m);
     }
     pthread_mutex_unlock(&m->mu);
     return NULL;
@@ -349,6 +361,38 @@ static int kvt__cand_cmp(const void *pa, const void *pb)
     return a->blk < b->blk ? -1 : a->blk > b->blk;
 }
 
+/* Moves the k smallest of c[0..n) to the front, in O(n) on average
+ * (quickselect; candidates are distinct, block ids break every tie). */
+static void kvt__cand_select(kvt__cand *c, size_t n, size_t k)
+{
+    if (k == 0 || k >= n)
+        return;
+    ptrdiff_t lo = 0, hi = (ptrdiff_t)n - 1, t = (ptrdiff_t)k - 1;
+    while (lo < hi) {
+        const kvt__cand piv = c[lo + (hi - lo) / 2];
+        ptrdiff_t i = lo, j = hi;
+        while (i <= j) {
+            while (kvt__cand_cmp(&c[i], &piv) < 0)
+                i++;
+            while (kvt__cand_cmp(&c[j], &piv) > 0)
+                j--;
+            if (i <= j) {
+                const kvt__cand tmp = c[i];
+                c[i] = c[j];
+                c[j] = tmp;
+                i++;
+                j--;
+            }
+        }
+        if (t <= j)
+            hi = j;
+        else if (t >= i)
+            lo = i;
+        else
+            break;
+    }
+}
+
 /* Drops host copies that the disk also holds, lowest importance first (ties:
  * least recently used), until `want` blocks are free or nothing else can go. */
 static void kvt__evict_host(kvt_mover *m, uint32_t want)
@@ -378,8 +422,7 @@ static void kvt__evict_host(kvt_mover *m, uint32_t want)
     }
     if (batch > n)
         batch = (uint32_t)n;
-    /* A full sort: O(n log n) per eviction batch of >= n/64 pages. */
-    qsort(c, n, sizeof *c, kvt__cand_cmp);
+    kvt__cand_select(c, n, batch);
     for (uint32_t i = 0; i < batch; i++) {
         const kvt__owner o = p->host_owner[c[i].blk];
         kvt__seq *s = &p->seqs[o.slot];
@@ -613,6 +656,7 @@ KVT_API int kvt_mover_submit(kvt_mover *m, const kvt_move *moves, uint32_t n, ui
         for (uint32_t i = 0; i < k; i++)
             kvt__q_push(&m->iq_head[q], &m->iq_tail[q], io[i]);
     }
+    kvt__wake_locked(m);
     if (copies)
         pthread_cond_broadcast(&m->work_cv);
     if (ios)
@@ -706,15 +750,21 @@ KVT_API int kvt_mover_wait(kvt_mover *m, kvt_fence fence, uint64_t timeout_ns)
         int code;
         if (kvt__fence_state(m, fence, &code))
             return code;
+        /* Still in flight: the batch (or, for FENCE_ALL, everything) has
+         * pages not finished by the threads yet. */
+        kvt__batch *b = NULL;
+        if (fence != KVT_FENCE_ALL)
+            for (b = m->batches; b && b->fence != fence; b = b->next)
+                ;
         pthread_mutex_lock(&m->mu);
         int e = 0;
-        while (!m->done_head && e == 0) {
+        while (e == 0 && (b ? b->n_fin < b->n : m->pending > 0)) {
             if (timeout_ns == UINT64_MAX)
                 pthread_cond_wait(&m->done_cv, &m->mu);
             else
                 e = pthread_cond_timedwait(&m->done_cv, &m->mu, &dl);
         }
-        bool have = m->done_head != NULL;
+        bool have = b ? b->n_fin == b->n : m->pending == 0;
         pthread_mutex_unlock(&m->mu);
         if (e == ETIMEDOUT && !have)
             return kvt__err(KVT_ETIMEDOUT, "fence %llu: still in flight after %llu ns",

@@ -76,7 +76,8 @@ typedef struct kvt__op {
 typedef struct kvt__batch {
     struct kvt__batch *next;   /* the mover's list of unreported batches */
     kvt_fence fence;
-    uint32_t n, n_done;
+    uint32_t n, n_done;        /* n_done: applied (caller thread) */
+    uint32_t n_fin;            /* finished by the threads (under mu) */
     int32_t first_err;
     bool urgent;
     int32_t *results;
@@ -117,6 +118,7 @@ struct kvt_mover {
     pthread_mutex_t mu;
     pthread_cond_t work_cv, io_cv, done_cv;
     bool stop;
+    bool wake;                          /* a batch finished: broadcast done_cv */
     bool sync_inited;
     /* Queues, under mu: [0] urgent, [1] normal. */
     kvt__op *cq_head[2], *cq_tail[2];  /* memcpy */
@@ -179,6 +181,9 @@ KVT__HIDDEN void *kvt__uring_thread(void *arg);
 /* Called by the threads, under mu: an op is finished. */
 KVT__HIDDEN void kvt__op_finish_locked(kvt_mover *m, kvt__op *op, int32_t status,
                                        const char *fmt, ...) KVT__PRINTF(4, 5);
+
+/* Broadcasts done_cv if a batch finished since the last call (under mu). */
+KVT__HIDDEN void kvt__wake_locked(kvt_mover *m);
 
 /* Validated options with defaults applied. */
 KVT__HIDDEN int kvt__mover_opts_resolve(const kvt_mover_opts *in, kvt_mover_opts *out);

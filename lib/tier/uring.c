@@ -233,7 +233,7 @@ static void kvt__unit_done(kvt_mover *m, kvt__iou *u, int32_t code, int err)
         }
     }
     m->free_units[m->n_free_units++] = u->buf;
-    pthread_cond_broadcast(&m->done_cv);
+    kvt__wake_locked(m);
     pthread_mutex_unlock(&m->mu);
 }
 
