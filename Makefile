@@ -183,10 +183,12 @@ $(O)/bin/kvtier-pool-demo: examples/pool-demo/pool_demo.c $(LIB_SO)
 	$(CC) -std=c11 -D_GNU_SOURCE -Iinclude $(WARN) $(SANFLAGS) $(CFLAGS) $< -o $@ \
 	  -L$(O)/lib -lkvtier $(PROG_RPATH) $(LDFLAGS) -lm
 
-$(O)/bin/kvtier-bench: examples/bench/bench.c $(LIB_SO)
+# bench_io.c's reference reader uses liburing directly.
+$(O)/bin/kvtier-bench: examples/bench/bench.c examples/bench/bench_io.c examples/bench/bench_io.h \
+                       $(LIB_SO)
 	@mkdir -p $(dir $@)
-	$(CC) -std=c11 -D_GNU_SOURCE -Iinclude $(WARN) $(SANFLAGS) $(CFLAGS) -pthread $< -o $@ \
-	  -L$(O)/lib -lkvtier $(PROG_RPATH) $(LDFLAGS) -lm
+	$(CC) -std=c11 -D_GNU_SOURCE -Iinclude $(WARN) $(SANFLAGS) $(DEP_CFLAGS) $(CFLAGS) -pthread \
+	  $(filter %.c,$^) -o $@ -L$(O)/lib -lkvtier $(PROG_RPATH) $(LDFLAGS) $(DEP_LIBS) -lm
 
 # ---- tests ------------------------------------------------------------------
 TEST_CFLAGS = -std=c11 -D_GNU_SOURCE -Iinclude -Ilib/core $(WARN) -Wno-conversion -pthread \

@@ -16,6 +16,8 @@
  */
 #include <kvtier/kvtier.h>
 
+#include "bench_io.h"
+
 #include <math.h>
 #include <pthread.h>
 #include <stdbool.h>
@@ -870,6 +872,8 @@ static uint32_t layers_for(const bench_opts *o, uint32_t ctx)
 
 int main(int argc, char **argv)
 {
+    if (argc > 1 && strcmp(argv[1], "io") == 0)
+        return bench_io_main(argc - 1, argv + 1);
     bench_opts o;
     parse_args(argc, argv, &o);
     double t_start = now_s();
