@@ -92,7 +92,7 @@ $(O)/config-test.mk: Makefile $(O)/config.mk   # one apt-get at a time under -j
 	$(call kvt_deps,$(TEST_DEPS),$@,CMOCKA)
 
 # ---- sources ----------------------------------------------------------------
-LIB_SRCS := $(wildcard lib/core/*.c lib/select/*.c lib/attn/*.c)
+LIB_SRCS := $(wildcard lib/core/*.c lib/select/*.c lib/attn/*.c lib/policy/*.c)
 ifeq ($(CUDA),1)
 CU_SRCS  := $(wildcard cuda/*.cu)
 CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lpthread
