@@ -116,7 +116,7 @@ PROG_RPATH := -Wl,-rpath,'$$ORIGIN/../lib'
 # Tests of the public ABI link the shared library; tests of internal helpers
 # (kvt__*) link the static one.
 TESTS_SHARED := test_errors test_opts test_pool test_append test_random test_c_headers \
-                test_select test_decode test_step
+                test_select test_decode test_step test_policy
 TESTS_STATIC := test_convert test_crc32c test_mckp test_profiler
 TEST_BINS := $(addprefix $(O)/tests/,$(TESTS_SHARED) $(TESTS_STATIC) test_cxx_headers)
 TEST_SCRIPTS := tests/test_symbols.sh tests/test_man.sh tests/test_install.sh
