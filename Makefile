@@ -3,6 +3,7 @@
 #   make                 library (build/lib) and programs (build/bin)
 #   make check           all tests              make check-asan      ASan + UBSan
 #   make check-valgrind  tests under valgrind   make demo            the end-to-end demo
+#   make fuzz            libFuzzer on the profile parser for FUZZ_TIME seconds (clang)
 #   make install / uninstall  (PREFIX, LIBDIR, INCLUDEDIR, MANDIR, BINDIR, DESTDIR)
 #   CUDA=0 turns the CUDA backend off (default: on when nvcc is found)
 #   WERROR=1 turns warnings into errors (CI)    O=DIR builds elsewhere (default build)
@@ -122,7 +123,7 @@ TEST_BINS := $(addprefix $(O)/tests/,$(TESTS_SHARED) $(TESTS_STATIC) test_cxx_he
 TEST_SCRIPTS := tests/test_symbols.sh tests/test_man.sh tests/test_install.sh
 
 .PHONY: all lib programs check check-asan check-valgrind demo install uninstall clean \
-        distclean help tests cuda-compile
+        distclean help tests cuda-compile fuzz
 all: lib programs
 lib: $(LIB_SO) $(LIB_A) $(O)/lib/kvtier.pc
 programs: $(PROGS)
@@ -208,6 +209,32 @@ check-valgrind:
 	  else echo "kvtier: run: sudo apt-get install -y valgrind"; exit 1; fi; }
 	$(MAKE) O=$(O) check VALGRIND="valgrind -q --error-exitcode=1 --leak-check=full \
 	  --show-leak-kinds=definite,indirect,possible --errors-for-leak-kinds=definite,indirect,possible"
+
+# libFuzzer on the profile parser: the library is rebuilt with clang and
+# the sanitizers under $(O)/fuzz, then the target runs for FUZZ_TIME seconds
+# over a scratch corpus seeded from tests/fuzz/corpus/policy_load (kept
+# read-only, so a run leaves the tree clean). Crash inputs go to $(O)/fuzz/.
+FUZZ_TIME ?= 60
+FUZZ_CC   ?= clang
+FUZZ_SAN  := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
+fuzz: | $(O)/config.mk
+	@probe='int LLVMFuzzerTestOneInput(const char *d, unsigned long n) { return d && n; }'; \
+	echo "$$probe" | $(FUZZ_CC) -fsanitize=fuzzer -x c - -o $(O)/.fuzz-probe >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "kvtier: installing clang and libFuzzer (clang libclang-rt-dev)"; \
+	    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q clang libclang-rt-dev; \
+	  else echo "kvtier: make fuzz needs clang with libFuzzer. Run:"; \
+	    echo "    sudo apt-get install -y clang libclang-rt-dev"; exit 1; fi; }; \
+	rm -f $(O)/.fuzz-probe
+	$(MAKE) O=$(O)/fuzz CC=$(FUZZ_CC) CUDA=0 SAN= \
+	  CFLAGS="-O1 -g -fsanitize=fuzzer-no-link $(FUZZ_SAN)" $(O)/fuzz/lib/$(LIBNAME).a
+	@mkdir -p $(O)/fuzz/bin $(O)/fuzz/corpus/policy_load
+	$(FUZZ_CC) -std=c11 -D_GNU_SOURCE -Iinclude -Ilib/core -O1 -g -fsanitize=fuzzer $(FUZZ_SAN) \
+	  tests/fuzz/fuzz_policy_load.c $(O)/fuzz/lib/$(LIBNAME).a $(DEP_LIBS) -lm -lpthread \
+	  -o $(O)/fuzz/bin/fuzz_policy_load
+	$(O)/fuzz/bin/fuzz_policy_load -max_total_time=$(FUZZ_TIME) -timeout=10 -rss_limit_mb=2048 \
+	  -print_final_stats=1 -artifact_prefix=$(O)/fuzz/ \
+	  $(O)/fuzz/corpus/policy_load tests/fuzz/corpus/policy_load
 
 # CI: make sure cuda/ compiles whenever nvcc exists.
 cuda-compile:
