@@ -110,7 +110,7 @@ LIB_LDLIBS   = $(DEP_LIBS) $(CUDA_LIBS) -lm -lpthread
 LIB_SO := $(O)/lib/$(SOFILE)
 LIB_A  := $(O)/lib/$(LIBNAME).a
 
-PROGS := $(O)/bin/kvtier-pool-demo $(O)/bin/kvtier-bench
+PROGS := $(O)/bin/kvtier-pool-demo $(O)/bin/kvtier-bench $(O)/bin/kvtier-profile
 PROG_RPATH := -Wl,-rpath,'$$ORIGIN/../lib'
 
 # ---- tests ------------------------------------------------------------------
@@ -120,7 +120,8 @@ TESTS_SHARED := test_errors test_opts test_pool test_append test_random test_c_h
                 test_select test_decode test_step test_policy
 TESTS_STATIC := test_convert test_crc32c test_mckp test_profiler
 TEST_BINS := $(addprefix $(O)/tests/,$(TESTS_SHARED) $(TESTS_STATIC) test_cxx_headers)
-TEST_SCRIPTS := tests/test_symbols.sh tests/test_man.sh tests/test_install.sh
+TEST_SCRIPTS := tests/test_symbols.sh tests/test_man.sh tests/test_install.sh \
+                tests/test_profile_tool.sh
 
 .PHONY: all lib programs check check-asan check-valgrind demo install uninstall clean \
         distclean help tests cuda-compile fuzz
@@ -173,6 +174,11 @@ $(O)/bin/kvtier-pool-demo: examples/pool-demo/pool_demo.c $(LIB_SO)
 $(O)/bin/kvtier-bench: examples/bench/bench.c $(LIB_SO)
 	@mkdir -p $(dir $@)
 	$(CC) -std=c11 -D_GNU_SOURCE -Iinclude $(WARN) $(SANFLAGS) $(CFLAGS) -pthread $< -o $@ \
+	  -L$(O)/lib -lkvtier $(PROG_RPATH) $(LDFLAGS) -lm
+
+$(O)/bin/kvtier-profile: examples/profile/profile.c $(LIB_SO)
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 -D_GNU_SOURCE -Iinclude $(WARN) $(SANFLAGS) $(CFLAGS) $< -o $@ \
 	  -L$(O)/lib -lkvtier $(PROG_RPATH) $(LDFLAGS) -lm
 
 # ---- tests ------------------------------------------------------------------
