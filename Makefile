@@ -253,7 +253,8 @@ demo: $(O)/bin/kvtier-pool-demo
 # ---- install ------------------------------------------------------------------
 install: all
 	install -d $(DESTDIR)$(LIBDIR) $(DESTDIR)$(INCLUDEDIR)/kvtier $(DESTDIR)$(PKGCONFIGDIR) \
-	  $(DESTDIR)$(MANDIR)/man3 $(DESTDIR)$(MANDIR)/man7 $(DESTDIR)$(BINDIR)
+	  $(DESTDIR)$(MANDIR)/man3 $(DESTDIR)$(MANDIR)/man5 $(DESTDIR)$(MANDIR)/man7 \
+	  $(DESTDIR)$(BINDIR)
 	install -m 644 include/kvtier/*.h $(DESTDIR)$(INCLUDEDIR)/kvtier/
 	install -m 755 $(LIB_SO) $(DESTDIR)$(LIBDIR)/
 	ln -sf $(SOFILE) $(DESTDIR)$(LIBDIR)/$(SONAME)
@@ -261,6 +262,7 @@ install: all
 	install -m 644 $(LIB_A) $(DESTDIR)$(LIBDIR)/
 	$(call kvt_pc,$(DESTDIR)$(PKGCONFIGDIR)/kvtier.pc)
 	install -m 644 man/man3/*.3 $(DESTDIR)$(MANDIR)/man3/
+	install -m 644 man/man5/*.5 $(DESTDIR)$(MANDIR)/man5/
 	install -m 644 man/man7/*.7 $(DESTDIR)$(MANDIR)/man7/
 	install -m 755 $(PROGS) $(DESTDIR)$(BINDIR)/
 
@@ -270,6 +272,7 @@ uninstall:
 	  $(DESTDIR)$(PKGCONFIGDIR)/kvtier.pc
 	rm -rf $(DESTDIR)$(INCLUDEDIR)/kvtier
 	for f in man/man3/*.3; do rm -f $(DESTDIR)$(MANDIR)/man3/$${f##*/}; done
+	for f in man/man5/*.5; do rm -f $(DESTDIR)$(MANDIR)/man5/$${f##*/}; done
 	for f in man/man7/*.7; do rm -f $(DESTDIR)$(MANDIR)/man7/$${f##*/}; done
 	for f in $(PROGS); do rm -f $(DESTDIR)$(BINDIR)/$${f##*/}; done
 
