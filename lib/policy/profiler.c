@@ -432,7 +432,8 @@ int kvt__profiler_add(kvt_profiler *prof, uint64_t stream, uint32_t layer, uint3
     /* Stability windows. */
     const uint32_t pos = (uint32_t)(h->n_rec % prof->W);
     if (pos == 0) {
-        memcpy(h->anchor, pages, (size_t)n * sizeof *pages);
+        if (n) /* pages may be NULL for an empty set */
+            memcpy(h->anchor, pages, (size_t)n * sizeof *pages);
         h->anchor_n = n;
         h->rco_sum = 0.0;
     } else {
