@@ -435,6 +435,7 @@ KVT_API int kvt_step_plan(kvt_pool *pool, const kvt_seq_id *seqs, uint32_t n_seq
         }
     }
     st->open = true;
+    pool->clock++; /* the step's stamp on the pages it selects */
     free(ss);
     free(sorted);
     *out = st;
@@ -581,6 +582,9 @@ static void kvt__sel_task(void *ctx, uint32_t ih, uint32_t thread)
         uint32_t nk = 0;
         st->sel_cnt[ih] = kvt__sel_pick(np, tokens, st->P, k, sink, local, sc.vote, NULL, 0,
                                         &sc, out, keep, &nk);
+        /* The score is the page's importance for the host cache's eviction
+         * (lib/tier): the last word the selector had on it. */
+        memcpy(s->imp + b * s->cap_pages, sc.vote, (size_t)np * sizeof *sc.vote);
         if (keep) {
             s->topk_n[b] = nk;
             s->topk_k[b] = k + 1u;
@@ -592,6 +596,8 @@ static void kvt__sel_task(void *ctx, uint32_t ih, uint32_t thread)
         st->sel_cnt[ih] = kvt__sel_pick(np, tokens, st->P, k, sink, local, NULL, keep,
                                         keep ? s->topk_n[b] : 0, &sc, out, NULL, NULL);
     }
+    for (uint32_t j = 0; j < st->sel_cnt[ih]; j++) /* recency, the eviction tie-break */
+        s->use[b * s->cap_pages + out[j]] = p->clock;
 }
 
 /* Feeds the profiler the top-K part (the selection without the forced
@@ -799,8 +805,9 @@ KVT_API int kvt_sparse_decode(kvt_step *st, uint32_t layer, const float *q, floa
     atomic_store(&st->err, 0);
     kvt__tp_run(&st->pool->tp, kvt__dec_task, st, (uint32_t)nt);
     if (atomic_load(&st->err))
-        return kvt__err(KVT_EINTERNAL, "sparse decode: a selected page of layer %u has no "
-                        "copy in the device or host tier", layer);
+        return kvt__err(KVT_ESTATE, "sparse decode: a selected page of layer %u lives only on "
+                        "disk; fetch it to the device or host tier (kvt_mover_submit) first",
+                        layer);
     return 0;
 }
 
