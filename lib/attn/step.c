@@ -418,7 +418,6 @@ KVT_API int kvt_step_plan(kvt_pool *pool, const kvt_seq_id *seqs, uint32_t n_seq
     st->sel_layer = KVT__NO_LAYER;
     for (uint32_t i = 0; i < n_seqs; i++) {
         kvt__seq *s = ss[i];
-        const uint32_t slot = (uint32_t)(seqs[i] & ((1u << KVT__ID_SLOT_BITS) - 1u)) - 1u;
         for (uint32_t l = 0; l < L; l++) {
             st->expect[(size_t)i * L + l] = s->n_tokens[l];
             for (uint32_t h = 0; h < H; h++) {
@@ -428,7 +427,7 @@ KVT_API int kvt_step_plan(kvt_pool *pool, const kvt_seq_id *seqs, uint32_t n_seq
                     const uint32_t iv = aiv[b];
                     /* topk_k holds K + 1 of the kept pages (0 = none). */
                     due = iv <= 1 || s->topk_k[b] != ak[b] + 1u ||
-                          (s->steps + slot) % iv == 0;
+                          (s->steps + s->phase) % iv == 0;
                 }
                 st->due[(size_t)i * L * H + b] = due;
             }
