@@ -3,6 +3,7 @@
 #   make                 library (build/lib) and programs (build/bin)
 #   make check           all tests              make check-asan      ASan + UBSan
 #   make check-valgrind  tests under valgrind   make demo            the end-to-end demo
+#   make fuzz            libFuzzer on the profile parser for FUZZ_TIME seconds (clang)
 #   make install / uninstall  (PREFIX, LIBDIR, INCLUDEDIR, MANDIR, BINDIR, DESTDIR)
 #   CUDA=0 turns the CUDA backend off (default: on when nvcc is found)
 #   WERROR=1 turns warnings into errors (CI)    O=DIR builds elsewhere (default build)
@@ -92,7 +93,7 @@ $(O)/config-test.mk: Makefile $(O)/config.mk   # one apt-get at a time under -j
 	$(call kvt_deps,$(TEST_DEPS),$@,CMOCKA)
 
 # ---- sources ----------------------------------------------------------------
-LIB_SRCS := $(wildcard lib/core/*.c lib/select/*.c lib/attn/*.c lib/tier/*.c)
+LIB_SRCS := $(wildcard lib/core/*.c lib/select/*.c lib/attn/*.c lib/tier/*.c lib/policy/*.c)
 ifeq ($(CUDA),1)
 CU_SRCS  := $(wildcard cuda/*.cu)
 CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lpthread
@@ -109,23 +110,24 @@ LIB_LDLIBS   = $(DEP_LIBS) $(CUDA_LIBS) -lm -lpthread
 LIB_SO := $(O)/lib/$(SOFILE)
 LIB_A  := $(O)/lib/$(LIBNAME).a
 
-PROGS := $(O)/bin/kvtier-pool-demo $(O)/bin/kvtier-bench
+PROGS := $(O)/bin/kvtier-pool-demo $(O)/bin/kvtier-bench $(O)/bin/kvtier-profile
 PROG_RPATH := -Wl,-rpath,'$$ORIGIN/../lib'
 
 # ---- tests ------------------------------------------------------------------
 # Tests of the public ABI link the shared library; tests of internal helpers
 # (kvt__*) link the static one.
 TESTS_SHARED := test_errors test_opts test_pool test_append test_random test_c_headers \
-                test_select test_decode test_step test_mover
-TESTS_STATIC := test_convert test_crc32c
+                test_select test_decode test_step test_mover test_policy
+TESTS_STATIC := test_convert test_crc32c test_mckp test_profiler
 # Fault-injection tests link a static library whose tier sources are built
 # with KVT_FAULT_INJECTION; the installed library never has the hooks.
 TESTS_FAULT  := test_mover_faults
 TEST_BINS := $(addprefix $(O)/tests/,$(TESTS_SHARED) $(TESTS_STATIC) $(TESTS_FAULT) test_cxx_headers)
-TEST_SCRIPTS := tests/test_symbols.sh tests/test_man.sh tests/test_install.sh
+TEST_SCRIPTS := tests/test_symbols.sh tests/test_man.sh tests/test_install.sh \
+                tests/test_profile_tool.sh
 
 .PHONY: all lib programs check check-asan check-valgrind demo install uninstall clean \
-        distclean help tests cuda-compile
+        distclean help tests cuda-compile fuzz
 all: lib programs
 lib: $(LIB_SO) $(LIB_A) $(O)/lib/kvtier.pc
 programs: $(PROGS)
@@ -190,6 +192,11 @@ $(O)/bin/kvtier-bench: examples/bench/bench.c examples/bench/bench_io.c examples
 	$(CC) -std=c11 -D_GNU_SOURCE -Iinclude $(WARN) $(SANFLAGS) $(DEP_CFLAGS) $(CFLAGS) -pthread \
 	  $(filter %.c,$^) -o $@ -L$(O)/lib -lkvtier $(PROG_RPATH) $(LDFLAGS) $(DEP_LIBS) -lm
 
+$(O)/bin/kvtier-profile: examples/profile/profile.c $(LIB_SO)
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 -D_GNU_SOURCE -Iinclude $(WARN) $(SANFLAGS) $(CFLAGS) $< -o $@ \
+	  -L$(O)/lib -lkvtier $(PROG_RPATH) $(LDFLAGS) -lm
+
 # ---- tests ------------------------------------------------------------------
 TEST_CFLAGS = -std=c11 -D_GNU_SOURCE -Iinclude -Ilib/core $(WARN) -Wno-conversion -pthread \
               -DKVT_TEST_EXPECT_CUDA=$(CUDA) \
@@ -231,6 +238,32 @@ check-valgrind:
 	$(MAKE) O=$(O) check VALGRIND="valgrind -q --error-exitcode=1 --leak-check=full \
 	  --show-leak-kinds=definite,indirect,possible --errors-for-leak-kinds=definite,indirect,possible"
 
+# libFuzzer on the profile parser: the library is rebuilt with clang and
+# the sanitizers under $(O)/fuzz, then the target runs for FUZZ_TIME seconds
+# over a scratch corpus seeded from tests/fuzz/corpus/policy_load (kept
+# read-only, so a run leaves the tree clean). Crash inputs go to $(O)/fuzz/.
+FUZZ_TIME ?= 60
+FUZZ_CC   ?= clang
+FUZZ_SAN  := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
+fuzz: | $(O)/config.mk
+	@probe='int LLVMFuzzerTestOneInput(const char *d, unsigned long n) { return d && n; }'; \
+	echo "$$probe" | $(FUZZ_CC) -fsanitize=fuzzer -x c - -o $(O)/.fuzz-probe >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "kvtier: installing clang and libFuzzer (clang libclang-rt-dev)"; \
+	    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q clang libclang-rt-dev; \
+	  else echo "kvtier: make fuzz needs clang with libFuzzer. Run:"; \
+	    echo "    sudo apt-get install -y clang libclang-rt-dev"; exit 1; fi; }; \
+	rm -f $(O)/.fuzz-probe
+	$(MAKE) O=$(O)/fuzz CC=$(FUZZ_CC) CUDA=0 SAN= \
+	  CFLAGS="-O1 -g -fsanitize=fuzzer-no-link $(FUZZ_SAN)" $(O)/fuzz/lib/$(LIBNAME).a
+	@mkdir -p $(O)/fuzz/bin $(O)/fuzz/corpus/policy_load
+	$(FUZZ_CC) -std=c11 -D_GNU_SOURCE -Iinclude -Ilib/core -O1 -g -fsanitize=fuzzer $(FUZZ_SAN) \
+	  tests/fuzz/fuzz_policy_load.c $(O)/fuzz/lib/$(LIBNAME).a $(DEP_LIBS) -lm -lpthread \
+	  -o $(O)/fuzz/bin/fuzz_policy_load
+	$(O)/fuzz/bin/fuzz_policy_load -max_total_time=$(FUZZ_TIME) -timeout=10 -rss_limit_mb=2048 \
+	  -print_final_stats=1 -artifact_prefix=$(O)/fuzz/ \
+	  $(O)/fuzz/corpus/policy_load tests/fuzz/corpus/policy_load
+
 # CI: make sure cuda/ compiles whenever nvcc exists.
 cuda-compile:
 	@if [ -n "$(NVCC)" ]; then $(MAKE) O=$(O) CUDA=1 lib && echo "cuda-compile: ok ($(NVCC))"; \
@@ -242,7 +275,8 @@ demo: $(O)/bin/kvtier-pool-demo
 # ---- install ------------------------------------------------------------------
 install: all
 	install -d $(DESTDIR)$(LIBDIR) $(DESTDIR)$(INCLUDEDIR)/kvtier $(DESTDIR)$(PKGCONFIGDIR) \
-	  $(DESTDIR)$(MANDIR)/man3 $(DESTDIR)$(MANDIR)/man7 $(DESTDIR)$(BINDIR)
+	  $(DESTDIR)$(MANDIR)/man3 $(DESTDIR)$(MANDIR)/man5 $(DESTDIR)$(MANDIR)/man7 \
+	  $(DESTDIR)$(BINDIR)
 	install -m 644 include/kvtier/*.h $(DESTDIR)$(INCLUDEDIR)/kvtier/
 	install -m 755 $(LIB_SO) $(DESTDIR)$(LIBDIR)/
 	ln -sf $(SOFILE) $(DESTDIR)$(LIBDIR)/$(SONAME)
@@ -250,6 +284,7 @@ install: all
 	install -m 644 $(LIB_A) $(DESTDIR)$(LIBDIR)/
 	$(call kvt_pc,$(DESTDIR)$(PKGCONFIGDIR)/kvtier.pc)
 	install -m 644 man/man3/*.3 $(DESTDIR)$(MANDIR)/man3/
+	install -m 644 man/man5/*.5 $(DESTDIR)$(MANDIR)/man5/
 	install -m 644 man/man7/*.7 $(DESTDIR)$(MANDIR)/man7/
 	install -m 755 $(PROGS) $(DESTDIR)$(BINDIR)/
 
@@ -259,6 +294,7 @@ uninstall:
 	  $(DESTDIR)$(PKGCONFIGDIR)/kvtier.pc
 	rm -rf $(DESTDIR)$(INCLUDEDIR)/kvtier
 	for f in man/man3/*.3; do rm -f $(DESTDIR)$(MANDIR)/man3/$${f##*/}; done
+	for f in man/man5/*.5; do rm -f $(DESTDIR)$(MANDIR)/man5/$${f##*/}; done
 	for f in man/man7/*.7; do rm -f $(DESTDIR)$(MANDIR)/man7/$${f##*/}; done
 	for f in $(PROGS); do rm -f $(DESTDIR)$(BINDIR)/$${f##*/}; done
 

@@ -8,6 +8,8 @@
 
 static_assert(std::is_standard_layout<kvt_pool_opts>::value, "C layout");
 static_assert(std::is_trivially_copyable<kvt_stats>::value, "plain data");
+static_assert(std::is_standard_layout<kvt_policy_heads>::value, "C layout");
+static_assert(std::is_trivially_copyable<kvt_profiler_head_stats>::value, "plain data");
 
 int main()
 {
@@ -37,6 +39,29 @@ int main()
         rc = kvt_pool_stats(pool, &st);
     if (rc == 0)
         rc = kvt_pool_check(pool);
+    // A policy for the pool's model: two of four heads unstable.
+    kvt_geometry g;
+    kvt_policy_opts po;
+    kvt_policy *pol = nullptr;
+    const kvt_head_class cls[4] = {KVT_HEAD_STABLE, KVT_HEAD_UNSTABLE, KVT_HEAD_STABLE,
+                                   KVT_HEAD_UNSTABLE};
+    kvt_policy_heads heads;
+    std::memset(&heads, 0, sizeof heads);
+    heads.struct_size = sizeof heads;
+    heads.n_heads = 4;
+    heads.head_class = cls;
+    uint32_t n_unstable = 0;
+    if (rc == 0)
+        rc = kvt_pool_geometry(pool, &g);
+    if (rc == 0)
+        rc = kvt_policy_opts_init(&po);
+    if (rc == 0)
+        rc = kvt_policy_create_heads(&pol, &g, &po, &heads);
+    if (rc == 0)
+        rc = kvt_policy_count(pol, KVT_HEAD_UNSTABLE, &n_unstable);
+    kvt_policy_destroy(pol);
+    if (rc == 0 && n_unstable != 2)
+        rc = KVT_EINTERNAL;
     kvt_pool_destroy(pool);
     if (rc != 0 || st.tier[KVT_TIER_DEVICE].blocks_used != 2) {
         std::fprintf(stderr, "C++ consumer: %s: %s\n", kvt_err_name(rc), kvt_last_error());

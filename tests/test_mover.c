@@ -410,6 +410,93 @@ static void test_eviction_batches(void **state)
     tseq_free(&t);
 }
 
+/* The host tier drops the pages the selector scored lowest first: the
+ * importance is the last MINMAX score a step gave each page, checked here
+ * against scores computed in double from the page metadata. */
+static int cmp_score(const void *a, const void *b)
+{
+    const double *x = a, *y = b;
+    return x[0] < y[0] ? -1 : x[0] > y[0];
+}
+
+static void test_eviction_by_importance(void **state)
+{
+    (void)state;
+    kvt_pool_opts o = disk_opts(128, 9, 16u << 20, NULL); /* 8 usable host blocks */
+    kvt_pool *p;
+    TU_OK(kvt_pool_create(&p, &o));
+    kvt_mover *m = mover_of(p);
+    tu_rng r = {31};
+    tseq t;
+    tseq_init(&t);
+    TU_OK(kvt_seq_create(p, NULL, &t.id));
+    tseq_append(p, &t, 16 * P + 1, &r);
+    kvt_move mv[16];
+    kvt_fence f;
+    for (uint32_t i = 0; i < 16; i++)
+        mv[i] = (kvt_move){t.id, 0, 0, i, KVT_TIER_DEVICE, KVT_TIER_DISK, KVT_MOVE_DROP_SOURCE};
+    TU_OK(kvt_mover_submit(m, mv, 16, 0, NULL, &f));
+    TU_OK(kvt_mover_wait(m, f, UINT64_MAX));
+
+    /* One step scores every page of layer 0 (selection reads only the
+     * metadata, which stays in the device tier). */
+    kvt_geometry g = o.geom;
+    kvt_selector *sel;
+    kvt_selector_opts so;
+    TU_OK(kvt_selector_opts_init(&so));
+    so.top_k_pages = 2;
+    TU_OK(kvt_selector_create(&sel, &g, &so));
+    kvt_step_opts sp;
+    TU_OK(kvt_step_opts_init(&sp));
+    sp.selector = sel;
+    kvt_step *st;
+    TU_OK(kvt_step_plan(p, &t.id, 1, &sp, &st));
+    float kv[2 * H * D], q[H * D];
+    for (int i = 0; i < 2 * H * D; i++)
+        kv[i] = tu_unit(&r);
+    for (int i = 0; i < H * D; i++)
+        q[i] = tu_unit(&r);
+    TU_OK(kvt_append(st, 0, kv, kv + H * D, KVT_DTYPE_F32, 0));
+    TU_OK(kvt_step_select(st, 0, q));
+    TU_OK(kvt_step_finish(st));
+    kvt_selector_destroy(sel);
+    /* Then pages 0..7 into the host tier, in one batch: equal recency, so
+     * only the scores can order them. */
+    for (uint32_t i = 0; i < 8; i++)
+        mv[i] = (kvt_move){t.id, 0, 0, i, KVT_TIER_DISK, KVT_TIER_HOST, 0};
+    TU_OK(kvt_mover_submit(m, mv, 8, 0, NULL, &f));
+    TU_OK(kvt_mover_wait(m, f, UINT64_MAX));
+
+    /* Reference: the MINMAX bound of head 0's query over pages 0..7. */
+    double sc[8][2];
+    for (uint32_t pg = 0; pg < 8; pg++) {
+        float kmin[D], kmax[D];
+        TU_OK(kvt_seq_page_meta(p, t.id, 0, 0, pg, kmin, kmax, NULL));
+        double s = 0;
+        for (int d = 0; d < D; d++) {
+            double a = (double)q[d] * kmin[d], b = (double)q[d] * kmax[d];
+            s += a > b ? a : b;
+        }
+        sc[pg][0] = s;
+        sc[pg][1] = pg;
+    }
+    qsort(sc, 8, sizeof sc[0], cmp_score);
+    assert_true(sc[3][0] + 1e-3 < sc[4][0]); /* a clear cut between the 4 lowest and the rest */
+
+    /* Fetching 8..11 drops the four lowest-scored host copies. */
+    for (uint32_t i = 0; i < 4; i++)
+        mv[i] = (kvt_move){t.id, 0, 0, 8 + i, KVT_TIER_DISK, KVT_TIER_HOST, 0};
+    TU_OK(kvt_mover_submit(m, mv, 4, 0, NULL, &f));
+    TU_OK(kvt_mover_wait(m, f, UINT64_MAX));
+    for (int i = 0; i < 8; i++) {
+        uint32_t pg = (uint32_t)sc[i][1];
+        assert_int_equal(residency(p, t.id, 0, 0, pg), KVT_RES_DISK | (i < 4 ? 0 : KVT_RES_HOST));
+    }
+    TU_CHECK(p);
+    kvt_pool_destroy(p);
+    tseq_free(&t);
+}
+
 /* ---- full disk, directories, sharing ------------------------------------------ */
 static void test_disk_full(void **state)
 {
@@ -576,6 +663,7 @@ int main(void)
         cmocka_unit_test(test_round_trip),     cmocka_unit_test(test_random_workload),
         cmocka_unit_test(test_bad_input),      cmocka_unit_test(test_host_eviction),
         cmocka_unit_test(test_eviction_batches),
+        cmocka_unit_test(test_eviction_by_importance),
         cmocka_unit_test(test_disk_full),      cmocka_unit_test(test_directories),
         cmocka_unit_test(test_in_flight),
     };

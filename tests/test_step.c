@@ -1182,6 +1182,71 @@ static void test_doc_edge_cases(void **state)
         fail_msg("calls that differ from their man pages:%s", report);
 }
 
+/* Stable-head reranks stay staggered when sequences come and go: 33
+ * sequences, then all but the ones in slots 0, 16 and 32 released (slots
+ * that coincide modulo the interval). Over any 16 steps each survivor
+ * reranks once, and never two at the same step. */
+static void test_stagger_after_churn(void **state)
+{
+    (void)state;
+    kvt_pool_opts o = tu_opts(1, 1, 1, 16, 16, KVT_DTYPE_F32, 200, 0);
+    o.n_threads = 1;
+    kvt_pool *p;
+    TU_OK(kvt_pool_create(&p, &o));
+    kvt_seq_id ids[33];
+    float kv[64 * 16];
+    tu_rng r = {33};
+    for (int i = 0; i < 64 * 16; i++)
+        kv[i] = tu_unit(&r);
+    for (int i = 0; i < 33; i++) {
+        TU_OK(kvt_seq_create(p, NULL, &ids[i]));
+        TU_OK(kvt_seq_append(p, ids[i], 0, kv, kv, 64, KVT_DTYPE_F32, 0));
+    }
+    for (int i = 0; i < 33; i++)
+        if (i % 16)
+            TU_OK(kvt_seq_release(p, ids[i]));
+    kvt_seq_id keep[3] = {ids[0], ids[16], ids[32]};
+    kvt_selector *sel;
+    kvt_selector_opts so;
+    TU_OK(kvt_selector_opts_init(&so));
+    so.top_k_pages = 1;
+    so.rerank_interval = 16;
+    TU_OK(kvt_selector_create(&sel, &o.geom, &so));
+    kvt_step_opts sp;
+    TU_OK(kvt_step_opts_init(&sp));
+    sp.selector = sel;
+    uint32_t rr[33][3];
+    float q[3 * 16];
+    for (int i = 0; i < 3 * 16; i++)
+        q[i] = tu_unit(&r);
+    for (int t = 0; t < 33; t++) {
+        kvt_step *st;
+        TU_OK(kvt_step_plan(p, keep, 3, &sp, &st));
+        TU_OK(kvt_append(st, 0, kv, kv, KVT_DTYPE_F32, 0));
+        TU_OK(kvt_step_select(st, 0, q));
+        for (uint32_t i = 0; i < 3; i++) {
+            uint32_t pages[16], n;
+            TU_OK(kvt_step_selection(st, 0, i, 0, pages, 16, &n, &rr[t][i]));
+        }
+        TU_OK(kvt_step_finish(st));
+    }
+    for (int t = 1; t < 33; t++) { /* step 0: nothing kept yet, all rerank */
+        uint32_t c = rr[t][0] + rr[t][1] + rr[t][2];
+        if (c > 1)
+            fail_msg("step %d: %u of 3 sequences rerank together", t, c);
+    }
+    for (uint32_t i = 0; i < 3; i++)
+        for (int s0 = 1; s0 + 16 <= 33; s0++) {
+            uint32_t c = 0;
+            for (int t = s0; t < s0 + 16; t++)
+                c += rr[t][i];
+            assert_int_equal(c, 1);
+        }
+    kvt_selector_destroy(sel);
+    TU_CHECK(p);
+    kvt_pool_destroy(p);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1197,6 +1262,7 @@ int main(void)
         cmocka_unit_test(test_doc_edge_cases),
         /* Last: with the heap overflow it guards against, it aborts. */
         cmocka_unit_test(test_selector_change_between_steps),
+        cmocka_unit_test(test_stagger_after_churn),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -7,7 +7,7 @@
  *                     [--budget 1024,2048] [--dtype f16|bf16|f32] [--kv-heads 8]
  *                     [--head-dim 128] [--page-tokens 16] [--reps 5]
  *                     [--min-kv-gib 2] [--min-meta-mib 512] [--quick]
- *                     [--simd portable|avx2|avx512] [--help]
+ *                     [--simd portable|avx2|avx512] [--policy] [--help]
  *
  * Every timed pass walks all L layers of one sequence in order, and L is
  * chosen so that the KV (and the page metadata) of those layers is many
@@ -87,6 +87,7 @@ typedef struct bench_opts {
     uint32_t kv_heads, head_dim, page_tokens, reps;
     double min_kv_gib, min_meta_mib;
     const char *simd;
+    bool policy;
 } bench_opts;
 
 static const char usage_text[] =
@@ -102,6 +103,8 @@ static const char usage_text[] =
     "  --min-meta-mib X    ... and at least X MiB of page metadata (default 512)\n"
     "  --quick             ctx 32k, gqa 4, threads 2, budget 2048, reps 3 (< 60 s)\n"
     "  --simd ISA          cap the kernels: portable|avx2|avx512 (sets KVTIER_SIMD)\n"
+    "  --policy            also decode under a head-stability policy: 25% unstable heads\n"
+    "                      reranked every step, the others every 16 steps (16-step passes)\n"
     "  --help              this text\n"
     "Prints one JSON object per case on stdout, progress on stderr.\n";
 
@@ -224,6 +227,12 @@ static void parse_args(int argc, char **argv, bench_opts *o)
         if (!strcmp(flag, "--quick")) {
             if (eq)
                 usage_error("--quick takes no value", a);
+            continue;
+        }
+        if (!strcmp(flag, "--policy")) {
+            if (eq)
+                usage_error("--policy takes no value", a);
+            o->policy = true;
             continue;
         }
         static const char *const with_value[] = {
@@ -581,8 +590,15 @@ typedef struct pool_ctx {
     const char *isa;
 } pool_ctx;
 
-enum { K_DENSE, K_SELECT, K_SPARSE, K_ATTEND };
-static const char *const kind_name[] = {"dense", "select", "sparse", "attend"};
+enum { K_DENSE, K_SELECT, K_SPARSE, K_ATTEND, K_POLICY_SELECT, K_POLICY };
+static const char *const kind_name[] = {"dense",  "select",        "sparse",
+                                        "attend", "policy_select", "policy"};
+
+/* --policy: every fourth (layer, head) is unstable (25%), reranked every
+ * step; the others rerank every POLICY_INTERVAL steps. A pass is one whole
+ * rerank cycle, so its selection work is the amortized one. */
+#define POLICY_INTERVAL 16u
+#define POLICY_STEPS POLICY_INTERVAL
 
 static const float *q_of(const pool_ctx *c, uint32_t l)
 {
@@ -699,9 +715,98 @@ static double measure(const pool_ctx *c, int kind, const kvt_selector *sel, doub
     return median(v, c->o->reps);
 }
 
+/* ---- --policy ------------------------------------------------------------------ */
+
+static kvt_policy *bench_policy(const pool_ctx *c, uint32_t budget)
+{
+    const uint32_t n = c->g.n_layers * c->g.n_kv_heads;
+    kvt_head_class *cls = xmalloc((size_t)n * sizeof *cls);
+    for (uint32_t i = 0; i < n; i++)
+        cls[i] = i % 4 == 0 ? KVT_HEAD_UNSTABLE : KVT_HEAD_STABLE;
+    kvt_policy_opts po;
+    CHECK(kvt_policy_opts_init(&po));
+    po.top_k_pages = budget / c->g.page_tokens;
+    po.sink_pages = 1;
+    po.local_pages = 1;
+    po.stable_interval = POLICY_INTERVAL;
+    po.unstable_interval = 1;
+    kvt_policy_heads ph;
+    memset(&ph, 0, sizeof ph);
+    ph.struct_size = (uint32_t)sizeof ph;
+    ph.n_heads = n;
+    ph.head_class = cls;
+    kvt_policy *pol;
+    CHECK(kvt_policy_create_heads(&pol, &c->g, &po, &ph));
+    free(cls);
+    return pol;
+}
+
+typedef struct policy_pass_out {
+    double select_s, total_s; /* per step: selection, selection + sparse decode */
+    uint64_t reranked;        /* (layer, head) rescored, over the pass */
+} policy_pass_out;
+
+/* POLICY_STEPS decode steps (no appends) under the policy. Each layer's
+ * kvt_step_select and kvt_sparse_decode are timed; when `count`, the heads
+ * reranked are counted between the two, outside the clock. */
+static void policy_pass(const pool_ctx *c, const kvt_selector *sel, const kvt_policy *pol,
+                        bool count, policy_pass_out *po)
+{
+    memset(po, 0, sizeof *po);
+    kvt_step_opts so;
+    CHECK(kvt_step_opts_init(&so));
+    so.selector = sel;
+    so.policy = pol;
+    for (uint32_t step = 0; step < POLICY_STEPS; step++) {
+        kvt_step *st;
+        CHECK(kvt_step_plan(c->pool, &c->seq, 1, &so, &st));
+        for (uint32_t l = 0; l < c->L; l++) {
+            double t0 = now_s();
+            CHECK(kvt_step_select(st, l, q_of(c, l)));
+            double t1 = now_s();
+            if (count)
+                for (uint32_t h = 0; h < c->g.n_kv_heads; h++) {
+                    uint32_t n, rr = 0;
+                    CHECK(kvt_step_selection(st, l, 0, h, c->pages, c->n_pages, &n, &rr));
+                    po->reranked += rr;
+                }
+            double t2 = now_s();
+            CHECK(kvt_sparse_decode(st, l, q_of(c, l), out_of(c, l), lse_of(c, l)));
+            double t3 = now_s();
+            po->select_s += t1 - t0;
+            po->total_s += (t1 - t0) + (t3 - t2);
+        }
+        CHECK(kvt_step_finish(st));
+    }
+    po->select_s /= POLICY_STEPS;
+    po->total_s /= POLICY_STEPS;
+}
+
+/* A warm-up pass (its first step reranks every head: nothing kept yet), a
+ * counting pass, then reps timed passes; medians of the per-step times. */
+static void measure_policy(const pool_ctx *c, const kvt_selector *sel, const kvt_policy *pol,
+                           double *select_s, double *total_s, double *work_fraction)
+{
+    double vs[1000], vt[1000];
+    policy_pass_out po;
+    policy_pass(c, sel, pol, false, &po);
+    policy_pass(c, sel, pol, true, &po);
+    check_outputs(c, "policy");
+    *work_fraction = (double)po.reranked / ((double)POLICY_STEPS * c->L * c->g.n_kv_heads);
+    for (uint32_t r = 0; r < c->o->reps; r++) {
+        policy_pass(c, sel, pol, false, &po);
+        vs[r] = po.select_s;
+        vt[r] = po.total_s;
+    }
+    *select_s = median(vs, c->o->reps);
+    *total_s = median(vt, c->o->reps);
+}
+
 typedef struct summary {
     bool have;
     double dense_ms, select_ms, sparse_ms, attend_ms, dense_bw_fraction, probe_gbps;
+    bool have_policy;
+    double policy_ms, policy_select_ms, policy_work_fraction;
 } summary;
 
 static void report(const pool_ctx *c, int kind, uint32_t budget, double pass_s,
@@ -823,8 +928,28 @@ static void bench_pool(const bench_opts *o, uint32_t ctx, uint32_t gqa, uint32_t
         double attend_s = measure(&c, K_ATTEND, sel, NULL);
         report(&c, K_ATTEND, budget, attend_s, meta_bytes + sparse_bytes, probe, selected);
 
+        double pol_sel_s = NAN, pol_s = NAN, work = NAN;
+        if (o->policy) {
+            fprintf(stderr, "  budget %u: policy (%u-step passes)\n", budget, POLICY_STEPS);
+            kvt_policy *pol = bench_policy(&c, budget);
+            measure_policy(&c, sel, pol, &pol_sel_s, &pol_s, &work);
+            report(&c, K_POLICY_SELECT, budget, pol_sel_s, meta_bytes * work, probe, selected);
+            report(&c, K_POLICY, budget, pol_s, meta_bytes * work + sparse_bytes, probe,
+                   selected);
+            fprintf(stderr, "  policy: %.4f ms/layer (select %.4f), %.1fx dense, %.3f of the "
+                    "heads scored per step\n", pol_s * 1e3 / L, pol_sel_s * 1e3 / L,
+                    dense_s / pol_s, work);
+            kvt_policy_destroy(pol);
+        }
+
         if (is_summary && budget == 2048) {
             sum->have = true;
+            if (o->policy) {
+                sum->have_policy = true;
+                sum->policy_ms = pol_s * 1e3 / L;
+                sum->policy_select_ms = pol_sel_s * 1e3 / L;
+                sum->policy_work_fraction = work;
+            }
             sum->dense_ms = dense_s * 1e3 / L;
             sum->select_ms = select_s * 1e3 / L;
             sum->sparse_ms = sparse_s * 1e3 / L;
@@ -940,15 +1065,26 @@ int main(int argc, char **argv)
     if (sum.have)
         printf("{\"summary\":\"%s\",\"dense_ms\":%.4f,\"select_ms\":%.4f,\"sparse_ms\":%.4f,"
                "\"attend_ms\":%.4f,\"probe_gbps\":%.3f,\"sparse_speedup_32k\":%.3f,\"attend_speedup_32k\":%.3f,"
-               "\"select_fraction_32k\":%.4f,\"dense_bw_fraction_32k\":%.4f}\n",
+               "\"select_fraction_32k\":%.4f,\"dense_bw_fraction_32k\":%.4f",
                what, sum.dense_ms, sum.select_ms, sum.sparse_ms, sum.attend_ms, sum.probe_gbps,
                sum.dense_ms / sum.sparse_ms, sum.dense_ms / sum.attend_ms,
                sum.select_ms / sum.dense_ms, sum.dense_bw_fraction);
     else
         printf("{\"summary\":\"%s\",\"sparse_speedup_32k\":null,\"attend_speedup_32k\":null,"
-               "\"select_fraction_32k\":null,\"dense_bw_fraction_32k\":null,"
-               "\"missing\":\"needs the case --ctx 32k --gqa 4 --threads 2 --budget 2048\"}\n",
+               "\"select_fraction_32k\":null,\"dense_bw_fraction_32k\":null",
                what);
+    if (sum.have_policy)
+        printf(",\"policy_ms\":%.4f,\"policy_select_ms\":%.4f,\"policy_speedup_32k\":%.3f,"
+               "\"policy_select_work_fraction\":%.4f,\"policy_select_time_fraction\":%.4f}\n",
+               sum.policy_ms, sum.policy_select_ms, sum.dense_ms / sum.policy_ms,
+               sum.policy_work_fraction, sum.policy_select_ms / sum.select_ms);
+    else if (sum.have)
+        printf(",\"policy_speedup_32k\":null,\"policy_select_work_fraction\":null,"
+               "\"missing\":\"the policy figures need --policy\"}\n");
+    else
+        printf(",\"policy_speedup_32k\":null,\"policy_select_work_fraction\":null,"
+               "\"missing\":\"needs the case --ctx 32k --gqa 4 --threads 2 --budget 2048%s\"}\n",
+               o.policy ? "" : " and --policy");
     fflush(stdout);
     fprintf(stderr, "total: %.1f s\n", now_s() - t_start);
     return 0;

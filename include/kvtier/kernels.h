@@ -26,6 +26,7 @@
 #define KVTIER_KERNELS_H
 
 #include "kvtier/common.h"
+#include "kvtier/policy.h"
 #include "kvtier/pool.h"
 #include "kvtier/selector.h"
 
@@ -47,9 +48,20 @@ typedef struct kvt_step_opts {
                                     the step */
     float scale;                 /* softmax scale; 0 = 1/sqrt(head_dim) */
     uint32_t reserved;           /* must be zero */
+    /* Fields below were appended to the first version (which stays
+     * accepted: its struct_size reads them as NULL). */
+    const kvt_policy *policy;    /* per-head top-K, sink, local pages and
+                                    rerank interval in place of the
+                                    selector's (which still scores and
+                                    votes); same geometry as the pool;
+                                    must outlive the step. NULL = none */
+    kvt_profiler *profiler;      /* when set, kvt_step_select feeds it the
+                                    top-K set of every head it reranks
+                                    (extra work on the calling thread);
+                                    same geometry as the pool. NULL = none */
 } kvt_step_opts;
 
-#define KVT_STEP_OPTS_INIT { (uint32_t)sizeof(kvt_step_opts), 0u, NULL, 0.0f, 0u }
+#define KVT_STEP_OPTS_INIT { (uint32_t)sizeof(kvt_step_opts), 0u, NULL, 0.0f, 0u, NULL, NULL }
 KVT_API int kvt_step_opts_init(kvt_step_opts *opts);
 
 /* Plans one decode step over n_seqs distinct live sequences: checks them

@@ -10,6 +10,7 @@
 #include "kvtier/version.h"
 #include "kvtier/pool.h"
 #include "kvtier/selector.h"
+#include "kvtier/policy.h"
 #include "kvtier/kernels.h"
 #include "kvtier/mover.h"
 

@@ -7,13 +7,20 @@
  * valid memory and reports KVT_ESTATE instead of being a dangling pointer. */
 #include <math.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "../core/internal.h"
+#include "../policy/policy_int.h"
 
 #define KVT__STEP_OPTS_V1 24u
 _Static_assert(offsetof(kvt_step_opts, reserved) + 4 == KVT__STEP_OPTS_V1, "step opts v1");
+/* V2 (still 0.1.0): policy and profiler appended; V1 callers stay accepted. */
+#define KVT__STEP_OPTS_V2 (KVT__STEP_OPTS_V1 + 2u * sizeof(void *))
+_Static_assert(offsetof(kvt_step_opts, policy) == 24 && offsetof(kvt_step_opts, profiler) ==
+               24 + sizeof(void *), "step opts v2 layout");
+_Static_assert(sizeof(kvt_step_opts) == KVT__STEP_OPTS_V2, "step opts v2 size");
 #define KVT__KNOWN_STEP_FLAGS (KVT_STEP_DENSE)
 
 /* Pages per decode task. Fixed, so that the split (and the floating-point
@@ -25,6 +32,13 @@ struct kvt_step {
     kvt_pool *pool;
     bool open;
     const kvt_selector *sel;
+    /* Per-head budget and interval, [L * H]: the policy's when the plan has
+     * one, else the selector's. */
+    const uint32_t *k, *sink, *local, *interval;
+    kvt_profiler *prof;       /* records the top-K sets of reranked heads */
+    uint8_t *recorded;        /* [L] layer already recorded in this step */
+    size_t cap_rec;
+    uint32_t *rec;            /* [cap_rec] one head's top-K part */
     uint32_t flags;
     float scale;
     uint32_t n;               /* sequences */
@@ -68,6 +82,8 @@ void kvt__step_free(struct kvt_step *st)
     free(st->expect);
     free(st->due);
     free(st->appended);
+    free(st->recorded);
+    free(st->rec);
     free(st->sel_off);
     free(st->sel_cnt);
     free(st->sel_rr);
@@ -184,6 +200,15 @@ KVT_API int kvt_step_plan(kvt_pool *pool, const kvt_seq_id *seqs, uint32_t n_seq
         if (rc)
             return rc;
     }
+    /* A dense step selects every page: a policy or profiler has no part in it. */
+    const kvt_policy *pol = dense ? NULL : o.policy;
+    kvt_profiler *prof = dense ? NULL : o.profiler;
+    if (pol && (rc = kvt__geometry_same(&pol->g, &pool->g, "opts->policy", "the policy",
+                                        "the pool")))
+        return rc;
+    if (prof && (rc = kvt__geometry_same(kvt__profiler_geometry(prof), &pool->g,
+                                         "opts->profiler", "the profiler", "the pool")))
+        return rc;
     if (pool->step && pool->step->open)
         return kvt__err(KVT_ESTATE, "pool: a step is still open (call kvt_step_finish)");
 
@@ -220,13 +245,18 @@ KVT_API int kvt_step_plan(kvt_pool *pool, const kvt_seq_id *seqs, uint32_t n_seq
     uint64_t need = 0, sel_total = 0, task_total = 0;
     uint32_t np_max = 1;
     uint32_t kmax = 0, smax = 0, lmax = 0, imax = 1;
+    const uint32_t *ak = NULL, *asink = NULL, *alocal = NULL, *aiv = NULL;
     if (o.selector) {
+        ak = pol ? pol->k : o.selector->k;
+        asink = pol ? pol->sink : o.selector->sink;
+        alocal = pol ? pol->local : o.selector->local;
+        aiv = pol ? pol->interval : o.selector->interval;
         const size_t nb = (size_t)L * H;
         for (size_t b = 0; b < nb; b++) {
-            kmax = o.selector->k[b] > kmax ? o.selector->k[b] : kmax;
-            smax = o.selector->sink[b] > smax ? o.selector->sink[b] : smax;
-            lmax = o.selector->local[b] > lmax ? o.selector->local[b] : lmax;
-            imax = o.selector->interval[b] > imax ? o.selector->interval[b] : imax;
+            kmax = ak[b] > kmax ? ak[b] : kmax;
+            smax = asink[b] > smax ? asink[b] : smax;
+            lmax = alocal[b] > lmax ? alocal[b] : lmax;
+            imax = aiv[b] > imax ? aiv[b] : imax;
         }
     }
     for (uint32_t i = 0; i < n_seqs; i++) {
@@ -254,6 +284,8 @@ KVT_API int kvt_step_plan(kvt_pool *pool, const kvt_seq_id *seqs, uint32_t n_seq
             if (rc)
                 goto out_free;
         }
+        if (prof && (rc = kvt__profiler_reserve(prof, seqs[i], kmax < np ? kmax : np)))
+            goto out_free;
         np_max = np > np_max ? np : np_max;
         const uint32_t b = dense ? np : kvt__sel_bound(np, kmax, smax, lmax);
         sel_total += (uint64_t)b * H;
@@ -286,7 +318,10 @@ KVT_API int kvt_step_plan(kvt_pool *pool, const kvt_seq_id *seqs, uint32_t n_seq
         }
         pool->step->pool = pool;
         pool->step->appended = calloc(L, 1);
-        if (!pool->step->appended) {
+        pool->step->recorded = calloc(L, 1);
+        if (!pool->step->appended || !pool->step->recorded) {
+            free(pool->step->appended);
+            free(pool->step->recorded);
             free(pool->step);
             pool->step = NULL;
             rc = kvt__err(KVT_ENOMEM, "kvt_step_plan: cannot allocate the step");
@@ -354,9 +389,18 @@ KVT_API int kvt_step_plan(kvt_pool *pool, const kvt_seq_id *seqs, uint32_t n_seq
     if ((rc = kvt__grow((void **)&st->tmem, &st->cap_tmem, (size_t)nt * tstride, 1,
                         "thread scratch")))
         goto out_reset;
+    if (prof && (rc = kvt__grow((void **)&st->rec, &st->cap_rec, (size_t)np_max,
+                                sizeof(uint32_t), "profiler records")))
+        goto out_reset;
 
     /* Everything is in place: fill the plan. */
     st->sel = o.selector;
+    st->k = ak;
+    st->sink = asink;
+    st->local = alocal;
+    st->interval = aiv;
+    st->prof = prof;
+    memset(st->recorded, 0, L);
     st->flags = o.flags;
     st->scale = o.scale > 0.0f ? o.scale : 1.0f / sqrtf((float)D);
     st->n = n_seqs;
@@ -374,23 +418,23 @@ KVT_API int kvt_step_plan(kvt_pool *pool, const kvt_seq_id *seqs, uint32_t n_seq
     st->sel_layer = KVT__NO_LAYER;
     for (uint32_t i = 0; i < n_seqs; i++) {
         kvt__seq *s = ss[i];
-        const uint32_t slot = (uint32_t)(seqs[i] & ((1u << KVT__ID_SLOT_BITS) - 1u)) - 1u;
         for (uint32_t l = 0; l < L; l++) {
             st->expect[(size_t)i * L + l] = s->n_tokens[l];
             for (uint32_t h = 0; h < H; h++) {
                 const size_t b = (size_t)l * H + h;
                 uint8_t due = 1;
                 if (!dense && s->topk) {
-                    const uint32_t iv = o.selector->interval[b];
+                    const uint32_t iv = aiv[b];
                     /* topk_k holds K + 1 of the kept pages (0 = none). */
-                    due = iv <= 1 || s->topk_k[b] != o.selector->k[b] + 1u ||
-                          (s->steps + slot) % iv == 0;
+                    due = iv <= 1 || s->topk_k[b] != ak[b] + 1u ||
+                          (s->steps + s->phase) % iv == 0;
                 }
                 st->due[(size_t)i * L * H + b] = due;
             }
         }
     }
     st->open = true;
+    pool->clock++; /* the step's stamp on the pages it selects */
     free(ss);
     free(sorted);
     *out = st;
@@ -523,31 +567,75 @@ static void kvt__sel_task(void *ctx, uint32_t ih, uint32_t thread)
     }
     const size_t b = (size_t)layer * st->H + h;
     const kvt_selector *sel = st->sel;
+    const uint32_t k = st->k[b], sink = st->sink[b], local = st->local[b];
     kvt__sel_scratch sc;
     kvt__sel_scratch_carve(&sc, st->tmem + (size_t)thread * st->tstride, st->G, st->D, np);
     const bool due = st->due[(size_t)i * st->L * st->H + b] != 0;
     /* The plan sized the store for this selector's largest K. */
-    uint32_t *keep = s->topk && (sel->k[b] <= s->topk_cap || np <= s->topk_cap)
+    uint32_t *keep = s->topk && (k <= s->topk_cap || np <= s->topk_cap)
                          ? s->topk + b * s->topk_cap
                          : NULL;
     if (due && np) {
         kvt__sel_score(sel, p, s, layer, h, st->q + ((size_t)i * st->Hq + (size_t)h * st->G) * st->D,
                        np, &sc);
         uint32_t nk = 0;
-        st->sel_cnt[ih] = kvt__sel_pick(np, tokens, st->P, sel->k[b], sel->sink[b],
-                                        sel->local[b], sc.vote, NULL, 0, &sc, out, keep, &nk);
+        st->sel_cnt[ih] = kvt__sel_pick(np, tokens, st->P, k, sink, local, sc.vote, NULL, 0,
+                                        &sc, out, keep, &nk);
+        /* The score is the page's importance for the host cache's eviction
+         * (lib/tier): the last word the selector had on it. */
+        memcpy(s->imp + b * s->cap_pages, sc.vote, (size_t)np * sizeof *sc.vote);
         if (keep) {
             s->topk_n[b] = nk;
-            s->topk_k[b] = sel->k[b] + 1u;
+            s->topk_k[b] = k + 1u;
         } else if (s->topk) {
             s->topk_k[b] = 0; /* nothing kept: rerank next time */
         }
         st->sel_rr[ih] = 1;
     } else {
-        st->sel_cnt[ih] = kvt__sel_pick(np, tokens, st->P, sel->k[b], sel->sink[b],
-                                        sel->local[b], NULL, keep, keep ? s->topk_n[b] : 0, &sc,
-                                        out, NULL, NULL);
+        st->sel_cnt[ih] = kvt__sel_pick(np, tokens, st->P, k, sink, local, NULL, keep,
+                                        keep ? s->topk_n[b] : 0, &sc, out, NULL, NULL);
     }
+    for (uint32_t j = 0; j < st->sel_cnt[ih]; j++) /* recency, the eviction tie-break */
+        s->use[b * s->cap_pages + out[j]] = p->clock;
+}
+
+/* Feeds the profiler the top-K part (the selection without the forced
+ * sink, local and last pages) of every head reranked in `layer`, on the
+ * calling thread, in (sequence, head) order. The plan reserved the
+ * profiler's room, so nothing is allocated. */
+static int kvt__step_record(kvt_step *st, uint32_t layer)
+{
+    for (uint32_t i = 0; i < st->n; i++) {
+        const kvt__seq *s = st->seqs[i];
+        const uint32_t tokens = s->n_tokens[layer];
+        const uint32_t np = kvt__pages_for(st->pool, tokens);
+        for (uint32_t h = 0; h < st->H; h++) {
+            const size_t ih = (size_t)i * st->H + h, b = (size_t)layer * st->H + h;
+            if (!st->sel_rr[ih])
+                continue;
+            const uint32_t ns = st->sink[b] < np ? st->sink[b] : np;
+            const uint32_t nl = st->local[b] < np ? st->local[b] : np;
+            const uint32_t *sel = st->sel_pages + st->sel_off[ih];
+            uint32_t nk = 0;
+            for (uint32_t j = 0; j < st->sel_cnt[ih]; j++) {
+                const uint32_t pg = sel[j];
+                const bool forced = pg < ns || pg >= np - nl ||
+                                    (pg == np - 1 && tokens % st->P != 0);
+                if (!forced)
+                    st->rec[nk++] = pg;
+            }
+            /* Every forced page is selected: candidates = np - forced. */
+            const uint32_t n_cand = np - (st->sel_cnt[ih] - nk);
+            int rc = kvt__profiler_add(st->prof, st->ids[i], layer, h, st->rec, nk, n_cand);
+            if (rc) {
+                char why[256];
+                snprintf(why, sizeof why, "%s", kvt_last_error());
+                return kvt__err(KVT_EINTERNAL, "step: recording into the profiler failed: %s",
+                                why);
+            }
+        }
+    }
+    return 0;
 }
 
 KVT_API int kvt_step_select(kvt_step *st, uint32_t layer, const float *q)
@@ -565,8 +653,7 @@ KVT_API int kvt_step_select(kvt_step *st, uint32_t layer, const float *q)
         for (uint32_t h = 0; h < st->H; h++) {
             const size_t b = (size_t)layer * st->H + h;
             st->sel_off[(size_t)i * st->H + h] = (uint32_t)off;
-            off += dense ? np
-                         : kvt__sel_bound(np, st->sel->k[b], st->sel->sink[b], st->sel->local[b]);
+            off += dense ? np : kvt__sel_bound(np, st->k[b], st->sink[b], st->local[b]);
         }
     }
     if (off > st->cap_sel)
@@ -577,6 +664,11 @@ KVT_API int kvt_step_select(kvt_step *st, uint32_t layer, const float *q)
     st->sel_layer = KVT__NO_LAYER;
     kvt__tp_run(&st->pool->tp, kvt__sel_task, st, st->n * st->H);
     st->sel_layer = layer;
+    if (st->prof && !dense && !st->recorded[layer]) {
+        st->recorded[layer] = 1;
+        if ((rc = kvt__step_record(st, layer)))
+            return rc;
+    }
     return 0;
 }
 
@@ -712,8 +804,9 @@ KVT_API int kvt_sparse_decode(kvt_step *st, uint32_t layer, const float *q, floa
     atomic_store(&st->err, 0);
     kvt__tp_run(&st->pool->tp, kvt__dec_task, st, (uint32_t)nt);
     if (atomic_load(&st->err))
-        return kvt__err(KVT_EINTERNAL, "sparse decode: a selected page of layer %u has no "
-                        "copy in the device or host tier", layer);
+        return kvt__err(KVT_ESTATE, "sparse decode: a selected page of layer %u lives only on "
+                        "disk; fetch it to the device or host tier (kvt_mover_submit) first",
+                        layer);
     return 0;
 }
 

@@ -213,6 +213,7 @@ typedef struct kvt__seq {
     uint32_t *topk_k;      /* [L * H] the K they were chosen for; 0 = none */
     uint32_t topk_cap;
     uint64_t steps;        /* step plans finished with this sequence */
+    uint32_t phase;        /* rerank stagger, 0..KVT__PHASES-1 (see kvt_seq_create) */
     /* Tier mover state (lib/tier). Importance and last use of each page,
      * [(layer * H + head) * cap_pages + page], choose what the host tier
      * drops first when it is a cache over the disk. */
@@ -268,6 +269,9 @@ struct kvt_pool {
     struct kvt_mover *mover;/* the tier mover (lib/tier/mover.c) */
     kvt__owner *host_owner; /* [host blocks] */
     uint32_t clock;         /* advances with every step plan and mover batch */
+#define KVT__PHASES 16u
+    uint32_t phase_live[KVT__PHASES]; /* live sequences per rerank phase */
+    uint32_t phase_next;    /* where the search for the emptiest phase starts */
 };
 
 /* A memory tier exists when its arena is mapped; the disk tier when its

@@ -105,6 +105,19 @@ KVT_API int kvt_seq_create(kvt_pool *pool, const kvt_seq_opts *opts, kvt_seq_id 
     if (s->gen == 0) /* id 0 stays KVT_SEQ_NONE even after 2^32 reuses */
         s->gen = 1;
     s->live = true;
+    /* Rerank phase: the one with the fewest live sequences, so that about
+     * 1/interval of the live sequences rerank a stable head at any step
+     * (exactly balanced for intervals dividing 16), whichever slots they
+     * occupy and in whatever order they came and went. */
+    uint32_t best = pool->phase_next % KVT__PHASES;
+    for (uint32_t j = 1; j < KVT__PHASES; j++) {
+        uint32_t c = (pool->phase_next + j) % KVT__PHASES;
+        if (pool->phase_live[c] < pool->phase_live[best])
+            best = c;
+    }
+    s->phase = best;
+    pool->phase_live[best]++;
+    pool->phase_next = best + 1u;
     s->max_tokens = max_tokens;
     s->user_data = o.user_data;
     pool->n_live++;
@@ -138,6 +151,30 @@ void kvt__seq_free_pages(kvt_pool *p, kvt__seq *s)
     memset(s->pages_in_tier, 0, sizeof s->pages_in_tier);
 }
 
+/* A sequence of phase p leaves. If another phase now has two or more live
+ * sequences more than p, one of them moves to p (its next stable rerank
+ * comes earlier or later once), so departures do not leave the survivors
+ * bunched on one phase. O(max_seqs), at release only. */
+static void kvt__phase_leave(kvt_pool *pool, uint32_t p)
+{
+    pool->phase_live[p]--;
+    uint32_t q = p;
+    for (uint32_t c = 0; c < KVT__PHASES; c++)
+        if (pool->phase_live[c] > pool->phase_live[q])
+            q = c;
+    if (pool->phase_live[q] < pool->phase_live[p] + 2u)
+        return;
+    for (uint32_t i = 0; i < pool->max_seqs; i++) {
+        kvt__seq *o = &pool->seqs[i];
+        if (o->live && o->phase == q) {
+            o->phase = p;
+            pool->phase_live[q]--;
+            pool->phase_live[p]++;
+            return;
+        }
+    }
+}
+
 KVT_API int kvt_seq_release(kvt_pool *pool, kvt_seq_id seq)
 {
     kvt__seq *s;
@@ -149,6 +186,7 @@ KVT_API int kvt_seq_release(kvt_pool *pool, kvt_seq_id seq)
      * thread writes into blocks that are about to be reused. */
     kvt__mover_drain_seq(pool->mover, s);
     kvt__seq_free_pages(pool, s);
+    kvt__phase_leave(pool, s->phase);
     kvt__seq_fini(s);
     pool->free_seq[pool->n_free_seq++] = kvt__id_slot(seq);
     pool->n_live--;
