@@ -364,12 +364,12 @@ static void test_host_eviction(void **state)
     tseq_free(&t);
 }
 
-/* A larger host tier: evictions come in batches of 1/64 of the tier, the
+/* A larger host tier: evictions come in batches of 1/16 of the tier, the
  * least recently fetched first, ties by block (the order they were taken). */
 static void test_eviction_batches(void **state)
 {
     (void)state;
-    kvt_pool_opts o = disk_opts(600, 129, 16u << 20, NULL); /* 128 usable: batches of 2 */
+    kvt_pool_opts o = disk_opts(600, 129, 16u << 20, NULL); /* 128 usable: batches of 8 */
     kvt_pool *p;
     TU_OK(kvt_pool_create(&p, &o));
     kvt_mover *m = mover_of(p);
@@ -377,7 +377,7 @@ static void test_eviction_batches(void **state)
     tseq t;
     tseq_init(&t);
     TU_OK(kvt_seq_create(p, NULL, &t.id));
-    tseq_append(p, &t, 140 * P, &r);
+    tseq_append(p, &t, 140 * P, &r); /* pages 0..139 */
     static kvt_move mv[140];
     kvt_fence f;
     for (uint32_t i = 0; i < 140; i++)
@@ -392,16 +392,16 @@ static void test_eviction_batches(void **state)
         TU_OK(kvt_mover_submit(m, mv, 32, 0, NULL, &f));
         TU_OK(kvt_mover_wait(m, f, UINT64_MAX));
     }
-    /* Three single fetches: the first drops two (a batch of 128 / 64), the
-     * second none, the third two more: always the oldest, in the order
-     * their blocks were taken (127, 126, 125, 124). */
-    for (uint32_t i = 0; i < 3; i++) {
+    /* Nine single fetches: the first drops eight (a batch of 128 / 16), the
+     * next seven none, the ninth eight more: always the oldest, in the
+     * order their blocks were taken (127, 126, ..., 112). */
+    for (uint32_t i = 0; i < 9; i++) {
         mv[0] = (kvt_move){t.id, 0, 1, 128 + i, KVT_TIER_DISK, KVT_TIER_HOST, 0};
         TU_OK(kvt_mover_submit(m, mv, 1, 0, NULL, &f));
         TU_OK(kvt_mover_wait(m, f, UINT64_MAX));
     }
     for (uint32_t pg = 0; pg < 140; pg++) {
-        bool host = (pg < 124) || (pg >= 128 && pg < 131);
+        bool host = (pg < 112) || (pg >= 128 && pg < 137);
         assert_int_equal(residency(p, t.id, 0, 1, pg), KVT_RES_DISK | (host ? KVT_RES_HOST : 0));
     }
     TU_CHECK(p);

@@ -401,10 +401,10 @@ static void kvt__evict_host(kvt_mover *m, uint32_t want)
     kvt__arena *a = &p->tier[KVT_TIER_HOST];
     if (!p->disk || a->n_free >= want)
         return;
-    /* Evict in batches (at least 1/64 of the tier) so the O(n) scan is
+    /* Evict in batches (at least 1/16 of the tier) so the O(n) scan is
      * amortised over many fetches. */
     uint32_t need = want - a->n_free;
-    uint32_t batch = (a->n_blocks - 1u) / 64u;
+    uint32_t batch = (a->n_blocks - 1u) / 16u;
     if (batch < need)
         batch = need;
     kvt__cand *c = m->evict_scratch;

@@ -141,6 +141,7 @@ struct kvt_mover {
     uint32_t *free_units;
     uint32_t n_free_units;
     kvt__iou **prep;                    /* [n_units] to (re)submit */
+    kvt__iou **done_units;              /* [n_units] completed, not yet checked */
     /* Caller-thread state. */
     kvt__batch *batches;
     kvt__batch **batches_tail;
