@@ -164,30 +164,7 @@ static void test_random_workload(void **state)
             tseq_append(p, s, 1 + tu_below(&r, 4 * P), &r);
         } else { /* a batch of moves */
             kvt_move mv[24];
-            uint32_t n = 0;
-            for (int tries = 0; tries < 60 && n < 24; tries++) {
-                tseq *s = &t[tu_below(&r, NS)];
-                uint32_t full = s->n / P;
-                if (!full)
-                    continue;
-                uint32_t l = tu_below(&r, L), h = tu_below(&r, H), pg = tu_below(&r, full);
-                bool dup = false;
-                for (uint32_t j = 0; j < n; j++)
-                    dup |= mv[j].seq == s->id && mv[j].layer == l && mv[j].kv_head == h &&
-                           mv[j].page == pg;
-                if (dup)
-                    continue;
-                uint8_t res = residency(p, s->id, l, h, pg);
-                kvt_tier from, to;
-                do
-                    from = tu_below(&r, 3);
-                while (!(res & (1u << from)));
-                do
-                    to = tu_below(&r, 3);
-                while (to == from);
-                mv[n++] = (kvt_move){s->id, l, h, pg, from, to,
-                                     tu_below(&r, 2) ? KVT_MOVE_DROP_SOURCE : 0u};
-            }
+            uint32_t n = random_batch(p, t, NS, &r, mv, NULL, 24);
             int32_t out[24];
             kvt_fence f;
             int rc = kvt_mover_submit(m, mv, n, tu_below(&r, 4) == 0 ? KVT_SUBMIT_URGENT : 0,

@@ -189,28 +189,7 @@ static void test_fault_storm(void **state)
         }
         kvt_move mv[16];
         uint8_t before[16];
-        uint32_t n = 0;
-        for (int tries = 0; tries < 40 && n < 16; tries++) {
-            tseq *s = &t[tu_below(&r, NS)];
-            uint32_t l = tu_below(&r, L), h = tu_below(&r, H), pg = tu_below(&r, s->n / P);
-            bool dup = false;
-            for (uint32_t j = 0; j < n; j++)
-                dup |= mv[j].seq == s->id && mv[j].layer == l && mv[j].kv_head == h &&
-                       mv[j].page == pg;
-            if (dup)
-                continue;
-            uint8_t res = residency(p, s->id, l, h, pg);
-            kvt_tier from, to;
-            do
-                from = tu_below(&r, 3);
-            while (!(res & (1u << from)));
-            do
-                to = tu_below(&r, 3);
-            while (to == from);
-            before[n] = res;
-            mv[n++] = (kvt_move){s->id, l, h, pg, from, to,
-                                 tu_below(&r, 2) ? KVT_MOVE_DROP_SOURCE : 0u};
-        }
+        uint32_t n = random_batch(p, t, NS, &r, mv, before, 16);
         int32_t out[16];
         kvt_fence fe;
         int rc = kvt_mover_submit(m, mv, n, 0, out, &fe);

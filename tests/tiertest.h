@@ -120,6 +120,41 @@ static inline int count_dir_entries(void)
     return n;
 }
 
+/* Up to cap random moves of distinct full pages of the ns sequences t, each
+ * from a tier that holds the page to another tier, half of them dropping
+ * the source; before[i] (when not NULL) gets the page's residency. */
+static inline uint32_t random_batch(const kvt_pool *p, tseq *t, uint32_t ns, tu_rng *r,
+                                    kvt_move *mv, uint8_t *before, uint32_t cap)
+{
+    uint32_t n = 0;
+    for (uint32_t tries = 0; tries < 3 * cap && n < cap; tries++) {
+        tseq *s = &t[tu_below(r, ns)];
+        uint32_t full = s->n / P;
+        if (!full)
+            continue;
+        uint32_t l = tu_below(r, L), h = tu_below(r, H), pg = tu_below(r, full);
+        bool dup = false;
+        for (uint32_t j = 0; j < n; j++)
+            dup |= mv[j].seq == s->id && mv[j].layer == l && mv[j].kv_head == h &&
+                   mv[j].page == pg;
+        if (dup)
+            continue;
+        uint8_t res = residency(p, s->id, l, h, pg);
+        kvt_tier from, to;
+        do
+            from = tu_below(r, 3);
+        while (!(res & (1u << from)));
+        do
+            to = tu_below(r, 3);
+        while (to == from);
+        if (before)
+            before[n] = res;
+        mv[n++] = (kvt_move){s->id, l, h, pg, from, to,
+                             tu_below(r, 2) ? KVT_MOVE_DROP_SOURCE : 0u};
+    }
+    return n;
+}
+
 static inline int tier_setup(void **state)
 {
     (void)state;
