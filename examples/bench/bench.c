@@ -57,23 +57,6 @@ static void die(const char *msg)
     exit(1);
 }
 
-static void *xmalloc(size_t n)
-{
-    void *p = malloc(n ? n : 1);
-    if (!p) {
-        fprintf(stderr, PROG ": out of memory (%zu bytes)\n", n);
-        exit(1);
-    }
-    return p;
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 /* ---- options -------------------------------------------------------------- */
 
 typedef struct u32_list {
@@ -346,7 +329,7 @@ static uint16_t f32_to_bf16(float f)
 static void *random_elems(size_t n, kvt_dtype dtype, uint64_t seed)
 {
     size_t elem = kvt_dtype_size(dtype);
-    void *buf = xmalloc(n * elem);
+    void *buf = bench_xmalloc(n * elem);
     uint64_t s = seed;
     if (dtype == KVT_DTYPE_F32) {
         float *p = buf;
@@ -455,7 +438,7 @@ static double probe_pass(const uint8_t *buf, size_t bytes, uint32_t T, bool avx2
     probe_part parts[1024];
     pthread_t tid[1024];
     size_t part = bytes / T / 4096 * 4096;
-    double t0 = now_s();
+    double t0 = bench_now();
     for (uint32_t t = 0; t < T; t++) {
         parts[t] = (probe_part){.p = buf + (size_t)t * part, .n = part, .avx2 = avx2};
         if (pthread_create(&tid[t], NULL, probe_thread, &parts[t]))
@@ -466,7 +449,7 @@ static double probe_pass(const uint8_t *buf, size_t bytes, uint32_t T, bool avx2
         pthread_join(tid[t], NULL);
         sum += parts[t].sum;
     }
-    double dt = now_s() - t0;
+    double dt = bench_now() - t0;
     probe_sink = sum;
     return dt;
 }
@@ -673,28 +656,28 @@ static double run_pass(const pool_ctx *c, int kind, const kvt_selector *sel, dou
             CHECK(kvt_step_select(st, l, q_of(c, l)));
             if (selected)
                 total += count_selected(c, st, l);
-            t0 = now_s();
+            t0 = bench_now();
             CHECK(kvt_sparse_decode(st, l, q_of(c, l), out_of(c, l), lse_of(c, l)));
-            timed += now_s() - t0;
+            timed += bench_now() - t0;
         }
         break;
     case K_SELECT:
-        t0 = now_s();
+        t0 = bench_now();
         for (uint32_t l = 0; l < L; l++) {
             CHECK(kvt_step_select(st, l, q_of(c, l)));
             if (selected)
                 total += count_selected(c, st, l);
         }
-        timed = now_s() - t0;
+        timed = bench_now() - t0;
         break;
     default:
-        t0 = now_s();
+        t0 = bench_now();
         for (uint32_t l = 0; l < L; l++) {
             CHECK(kvt_attend(st, l, q_of(c, l), out_of(c, l), lse_of(c, l)));
             if (selected)
                 total += count_selected(c, st, l);
         }
-        timed = now_s() - t0;
+        timed = bench_now() - t0;
         break;
     }
     if (selected)
@@ -720,7 +703,7 @@ static double measure(const pool_ctx *c, int kind, const kvt_selector *sel, doub
 static kvt_policy *bench_policy(const pool_ctx *c, uint32_t budget)
 {
     const uint32_t n = c->g.n_layers * c->g.n_kv_heads;
-    kvt_head_class *cls = xmalloc((size_t)n * sizeof *cls);
+    kvt_head_class *cls = bench_xmalloc((size_t)n * sizeof *cls);
     for (uint32_t i = 0; i < n; i++)
         cls[i] = i % 4 == 0 ? KVT_HEAD_UNSTABLE : KVT_HEAD_STABLE;
     kvt_policy_opts po;
@@ -761,18 +744,18 @@ static void policy_pass(const pool_ctx *c, const kvt_selector *sel, const kvt_po
         kvt_step *st;
         CHECK(kvt_step_plan(c->pool, &c->seq, 1, &so, &st));
         for (uint32_t l = 0; l < c->L; l++) {
-            double t0 = now_s();
+            double t0 = bench_now();
             CHECK(kvt_step_select(st, l, q_of(c, l)));
-            double t1 = now_s();
+            double t1 = bench_now();
             if (count)
                 for (uint32_t h = 0; h < c->g.n_kv_heads; h++) {
                     uint32_t n, rr = 0;
                     CHECK(kvt_step_selection(st, l, 0, h, c->pages, c->n_pages, &n, &rr));
                     po->reranked += rr;
                 }
-            double t2 = now_s();
+            double t2 = bench_now();
             CHECK(kvt_sparse_decode(st, l, q_of(c, l), out_of(c, l), lse_of(c, l)));
-            double t3 = now_s();
+            double t3 = bench_now();
             po->select_s += t1 - t0;
             po->total_s += (t1 - t0) + (t3 - t2);
         }
@@ -871,22 +854,22 @@ static void bench_pool(const bench_opts *o, uint32_t ctx, uint32_t gqa, uint32_t
         die("kvt_pool_kernel_isa returned NULL");
     c.elem = kvt_dtype_size(c.g.dtype);
 
-    double t0 = now_s();
+    double t0 = bench_now();
     for (uint32_t l = 0; l < L; l++) {
         stamp_rows(ksrc, vsrc, (size_t)ctx * o->kv_heads, o->head_dim, o->dtype,
                    0x7a3b0000ull + (uint64_t)l * 0x10001ull + gqa * 7919ull + T);
         CHECK(kvt_seq_append(c.pool, c.seq, l, ksrc, vsrc, ctx, o->dtype, 0));
         fprintf(stderr, "\r  prefill layer %u/%u", l + 1, L);
     }
-    double tp = now_s() - t0;
+    double tp = bench_now() - t0;
     fprintf(stderr, "\r  prefill: %.1f s (%.2f GB/s of KV)\n", tp,
             (double)L * 2.0 * ctx * o->kv_heads * o->head_dim * (double)c.elem / tp / 1e9);
 
     size_t qn = (size_t)L * c.g.n_q_heads * c.g.head_dim;
-    c.q = xmalloc(qn * sizeof *c.q);
-    c.out = xmalloc(qn * sizeof *c.out);
-    c.lse = xmalloc((size_t)L * c.g.n_q_heads * sizeof *c.lse);
-    c.pages = xmalloc((size_t)c.n_pages * sizeof *c.pages);
+    c.q = bench_xmalloc(qn * sizeof *c.q);
+    c.out = bench_xmalloc(qn * sizeof *c.out);
+    c.lse = bench_xmalloc((size_t)L * c.g.n_q_heads * sizeof *c.lse);
+    c.pages = bench_xmalloc((size_t)c.n_pages * sizeof *c.pages);
     uint64_t s = 0x5eed0000ull + ctx * 31ull + gqa;
     for (size_t i = 0; i < qn; i++)
         c.q[i] = rng_unit(&s);
@@ -1001,7 +984,7 @@ int main(int argc, char **argv)
         return bench_io_main(argc - 1, argv + 1);
     bench_opts o;
     parse_args(argc, argv, &o);
-    double t_start = now_s();
+    double t_start = bench_now();
     if (o.simd && setenv("KVTIER_SIMD", o.simd, 1))
         die("setenv(KVTIER_SIMD) failed");
 
@@ -1086,6 +1069,6 @@ int main(int argc, char **argv)
                "\"missing\":\"needs the case --ctx 32k --gqa 4 --threads 2 --budget 2048%s\"}\n",
                o.policy ? "" : " and --policy");
     fflush(stdout);
-    fprintf(stderr, "total: %.1f s\n", now_s() - t_start);
+    fprintf(stderr, "total: %.1f s\n", bench_now() - t_start);
     return 0;
 }

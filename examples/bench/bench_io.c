@@ -81,23 +81,6 @@ static void io_die(const char *msg, const char *arg)
     exit(1);
 }
 
-static void *io_xmalloc(size_t n)
-{
-    void *p = malloc(n ? n : 1);
-    if (!p) {
-        fprintf(stderr, PROG ": out of memory (%zu bytes)\n", n);
-        exit(1);
-    }
-    return p;
-}
-
-static double io_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 /* user + system CPU seconds of the whole process (every thread). */
 static double io_cpu_s(void)
 {
@@ -363,10 +346,10 @@ static double io_fill(io_ctx *c)
 {
     const uint32_t H = c->H, D = IO_HEAD_DIM, CH = IO_CHUNK_TOKENS;
     const uint32_t ppc = CH / IO_PAGE_TOKENS, n_ch = c->P / ppc;
-    kvt_move *mv = io_xmalloc((size_t)H * ppc * sizeof *mv);
+    kvt_move *mv = bench_xmalloc((size_t)H * ppc * sizeof *mv);
     kvt_fence f[IO_FILL_INFLIGHT];
     uint32_t head = 0, nf = 0;
-    double t0 = io_now();
+    double t0 = bench_now();
     for (uint32_t l = 0; l < c->L; l++) {
         for (uint32_t ch = 0; ch < n_ch; ch++) {
             for (uint32_t t = 0; t < CH; t++)
@@ -390,7 +373,7 @@ static double io_fill(io_ctx *c)
     }
     CHECK(kvt_mover_wait(c->mover, KVT_FENCE_ALL, UINT64_MAX));
     free(mv);
-    return io_now() - t0;
+    return bench_now() - t0;
 }
 
 /* ---- the library's reads ------------------------------------------------------------- */
@@ -454,16 +437,16 @@ static void io_lib_pass(io_ctx *c, const io_case *k, io_pass *out)
     uint32_t max_out = 3u * c->o->qd / IO_BATCH_REQ + 2u;
     while (max_out > 2 && (uint64_t)max_out * per > c->host_blocks / 2u)
         max_out--;
-    io_batch *bt = io_xmalloc(max_out * sizeof *bt);
+    io_batch *bt = bench_xmalloc(max_out * sizeof *bt);
     for (uint32_t i = 0; i < max_out; i++)
-        bt[i].mv = io_xmalloc((size_t)per * sizeof *bt[i].mv);
+        bt[i].mv = bench_xmalloc((size_t)per * sizeof *bt[i].mv);
 
     kvt_mover_stats s0 = {.struct_size = sizeof s0}, s1 = {.struct_size = sizeof s1};
     CHECK(kvt_mover_stats_get(c->mover, &s0));
-    double cpu0 = io_cpu_s(), t0 = io_now(), end = t0 + c->o->seconds;
+    double cpu0 = io_cpu_s(), t0 = bench_now(), end = t0 + c->o->seconds;
     uint32_t head = 0, n_out = 0;
     for (;;) {
-        if (io_now() < end) {
+        if (bench_now() < end) {
             while (n_out < max_out) {
                 io_batch *b = &bt[(head + n_out) % max_out];
                 b->n = 0;
@@ -492,7 +475,7 @@ static void io_lib_pass(io_ctx *c, const io_case *k, io_pass *out)
         head = (head + 1) % max_out;
         n_out--;
     }
-    double t1 = io_now(), cpu1 = io_cpu_s();
+    double t1 = bench_now(), cpu1 = io_cpu_s();
     CHECK(kvt_mover_stats_get(c->mover, &s1));
     out->secs = t1 - t0;
     out->cpu_s = cpu1 - cpu0;
@@ -504,6 +487,28 @@ static void io_lib_pass(io_ctx *c, const io_case *k, io_pass *out)
 }
 
 /* ---- the reference: plain io_uring, O_DIRECT, registered buffers and file ------------ */
+
+/* Queues the reference's next read into buffer i: the next block for the
+ * sequential case, a random one otherwise. */
+static void io_ref_read(io_ctx *c, const io_case *k, struct io_uring *ring, bool reg,
+                        const struct iovec *iov, uint32_t i, uint32_t bs, uint64_t n_blk)
+{
+    uint64_t off;
+    if (k->seq) {
+        off = c->ref_cursor;
+        c->ref_cursor = (off + bs) % (n_blk * bs);
+    } else {
+        off = io_rng(&c->rng) % n_blk * bs;
+    }
+    struct io_uring_sqe *sqe = io_uring_get_sqe(ring);
+    if (reg) {
+        io_uring_prep_read_fixed(sqe, 0, iov[i].iov_base, bs, off, (int)i);
+        sqe->flags |= IOSQE_FIXED_FILE;
+    } else {
+        io_uring_prep_read(sqe, c->ref_fd, iov[i].iov_base, bs, off);
+    }
+    io_uring_sqe_set_data64(sqe, i);
+}
 
 static void io_ref_pass(io_ctx *c, const io_case *k, io_pass *out)
 {
@@ -527,7 +532,7 @@ static void io_ref_pass(io_ctx *c, const io_case *k, io_pass *out)
         io_die("reference: cannot map its buffers", NULL);
     uint8_t *buf = (uint8_t *)(((uintptr_t)raw + huge - 1u) & ~(uintptr_t)(huge - 1u));
     (void)madvise(buf, len, MADV_HUGEPAGE); /* a hint: without THP, 4 KiB pages */
-    struct iovec *iov = io_xmalloc(qd * sizeof *iov);
+    struct iovec *iov = bench_xmalloc(qd * sizeof *iov);
     for (uint32_t i = 0; i < qd; i++)
         iov[i] = (struct iovec){buf + (size_t)i * bs, bs};
     bool reg = io_uring_register_buffers(&ring, iov, qd) == 0;
@@ -541,26 +546,12 @@ static void io_ref_pass(io_ctx *c, const io_case *k, io_pass *out)
         fprintf(stderr, PROG ": warning: the reference runs without registered buffers\n");
     }
 
-    double cpu0 = io_cpu_s(), t0 = io_now(), end = t0 + c->o->seconds;
+    double cpu0 = io_cpu_s(), t0 = bench_now(), end = t0 + c->o->seconds;
     uint64_t bytes = 0, reqs = 0;
     uint32_t inflight = 0;
     bool more = true;
     for (uint32_t i = 0; i < qd; i++) {
-        uint64_t off;
-        if (k->seq) {
-            off = c->ref_cursor;
-            c->ref_cursor = (off + bs) % (n_blk * bs);
-        } else {
-            off = io_rng(&c->rng) % n_blk * bs;
-        }
-        struct io_uring_sqe *sqe = io_uring_get_sqe(&ring);
-        if (reg) {
-            io_uring_prep_read_fixed(sqe, 0, iov[i].iov_base, bs, off, (int)i);
-            sqe->flags |= IOSQE_FIXED_FILE;
-        } else {
-            io_uring_prep_read(sqe, c->ref_fd, iov[i].iov_base, bs, off);
-        }
-        io_uring_sqe_set_data64(sqe, i);
+        io_ref_read(c, k, &ring, reg, iov, i, bs, n_blk);
         inflight++;
     }
     while (inflight) {
@@ -569,7 +560,7 @@ static void io_ref_pass(io_ctx *c, const io_case *k, io_pass *out)
         while (e == -EINTR);
         if (e < 0)
             io_die("reference: io_uring_submit_and_wait failed", strerror(-e));
-        more = more && io_now() < end;
+        more = more && bench_now() < end;
         struct io_uring_cqe *cqe;
         unsigned hd, seen = 0;
         io_uring_for_each_cqe(&ring, hd, cqe)
@@ -586,26 +577,12 @@ static void io_ref_pass(io_ctx *c, const io_case *k, io_pass *out)
             reqs++;
             if (!more)
                 continue;
-            uint64_t off;
-            if (k->seq) {
-                off = c->ref_cursor;
-                c->ref_cursor = (off + bs) % (n_blk * bs);
-            } else {
-                off = io_rng(&c->rng) % n_blk * bs;
-            }
-            struct io_uring_sqe *sqe = io_uring_get_sqe(&ring);
-            if (reg) {
-                io_uring_prep_read_fixed(sqe, 0, iov[i].iov_base, bs, off, (int)i);
-                sqe->flags |= IOSQE_FIXED_FILE;
-            } else {
-                io_uring_prep_read(sqe, c->ref_fd, iov[i].iov_base, bs, off);
-            }
-            io_uring_sqe_set_data64(sqe, i);
+            io_ref_read(c, k, &ring, reg, iov, i, bs, n_blk);
             inflight++;
         }
         io_uring_cq_advance(&ring, seen);
     }
-    double t1 = io_now(), cpu1 = io_cpu_s();
+    double t1 = bench_now(), cpu1 = io_cpu_s();
     out->secs = t1 - t0;
     out->cpu_s = cpu1 - cpu0;
     out->bytes = (double)bytes;
@@ -848,7 +825,7 @@ int bench_io_main(int argc, char **argv)
 {
     io_opts o;
     io_parse_args(argc, argv, &o);
-    double t_start = io_now();
+    double t_start = bench_now();
     if (!(kvt_build_features() & KVT_FEATURE_URING))
         io_die("this libkvtier was built without the io_uring disk tier", NULL);
 
@@ -947,8 +924,8 @@ int bench_io_main(int argc, char **argv)
 
     /* Prefill sources: random f16, stamped per chunk (io_stamp). */
     size_t n_elem = (size_t)IO_CHUNK_TOKENS * c.H * IO_HEAD_DIM;
-    c.k = io_xmalloc(n_elem * sizeof *c.k);
-    c.v = io_xmalloc(n_elem * sizeof *c.v);
+    c.k = bench_xmalloc(n_elem * sizeof *c.k);
+    c.v = bench_xmalloc(n_elem * sizeof *c.v);
     uint64_t s = 0x5eedf00dull;
     for (size_t i = 0; i < n_elem; i++) {
         c.k[i] = io_rand_f16(io_rng(&s));
@@ -989,7 +966,7 @@ int bench_io_main(int argc, char **argv)
     /* The cases: reference and library passes alternate. */
     double ratio[IO_N_CASES], lib_cpu[IO_N_CASES], ref_cpu[IO_N_CASES];
     double lib_iops[IO_N_CASES], ref_iops[IO_N_CASES];
-    io_pass *lp = io_xmalloc(o.reps * sizeof *lp), *rp = io_xmalloc(o.reps * sizeof *rp);
+    io_pass *lp = bench_xmalloc(o.reps * sizeof *lp), *rp = bench_xmalloc(o.reps * sizeof *rp);
     for (size_t ci = 0; ci < IO_N_CASES; ci++) {
         ratio[ci] = lib_cpu[ci] = ref_cpu[ci] = lib_iops[ci] = ref_iops[ci] = NAN;
         if (!(o.cases & (1u << ci)))
@@ -1088,6 +1065,6 @@ int bench_io_main(int argc, char **argv)
     free(c.k);
     free(c.v);
     free(c.busy);
-    fprintf(stderr, "total: %.1f s\n", io_now() - t_start);
+    fprintf(stderr, "total: %.1f s\n", bench_now() - t_start);
     return ms.checksum_errors || ms.io_errors || bad ? 1 : 0;
 }

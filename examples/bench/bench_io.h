@@ -1,9 +1,32 @@
-/* kvtier-bench io: the disk tier's page reads against a plain io_uring
+/* kvtier-bench: the io subcommand's entry point and helpers shared by both
+ * subcommands. io: the disk tier's page reads against a plain io_uring
  * reader of the same file (bench_io.c; see examples/bench/README.md). */
 #ifndef KVTIER_BENCH_IO_H
 #define KVTIER_BENCH_IO_H
 
 /* argv[0] is "io"; returns the process exit status. */
 int bench_io_main(int argc, char **argv);
+
+/* Helpers both subcommands use. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+static inline void *bench_xmalloc(size_t n)
+{
+    void *p = malloc(n ? n : 1);
+    if (!p) {
+        fprintf(stderr, "kvtier-bench: out of memory (%zu bytes)\n", n);
+        exit(1);
+    }
+    return p;
+}
+
+static inline double bench_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
 
 #endif /* KVTIER_BENCH_IO_H */
