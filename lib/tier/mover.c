@@ -590,9 +590,8 @@ KVT_API int kvt_mover_submit(kvt_mover *m, const kvt_move *moves, uint32_t n, ui
             op->crc = p->disk->crc[op->dslot];
         }
         if (op->to == KVT_TIER_DISK) {
-            rc = kvt__disk_seq_reserve(p, s, s->cap_pages);
-            if (!rc)
-                rc = kvt__disk_slot_alloc(p, s, op->lh, op->page, &op->dslot);
+            /* The extent table grows with the block tables (kvt__seq_reserve). */
+            rc = kvt__disk_slot_alloc(p, s, op->lh, op->page, &op->dslot);
         } else {
             op->dst_tier = op->to;
             op->dst_blk = kvt__arena_alloc(&p->tier[op->to]);
