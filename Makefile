@@ -117,11 +117,11 @@ PROG_RPATH := -Wl,-rpath,'$$ORIGIN/../lib'
 # Tests of the public ABI link the shared library; tests of internal helpers
 # (kvt__*) link the static one.
 TESTS_SHARED := test_errors test_opts test_pool test_append test_random test_c_headers \
-                test_select test_decode test_step test_mover test_policy
+                test_select test_decode test_step test_mover test_policy test_place
 TESTS_STATIC := test_convert test_crc32c test_mckp test_profiler
 # Fault-injection tests link a static library whose tier sources are built
 # with KVT_FAULT_INJECTION; the installed library never has the hooks.
-TESTS_FAULT  := test_mover_faults
+TESTS_FAULT  := test_mover_faults test_place_faults
 TEST_BINS := $(addprefix $(O)/tests/,$(TESTS_SHARED) $(TESTS_STATIC) $(TESTS_FAULT) test_cxx_headers)
 TEST_SCRIPTS := tests/test_symbols.sh tests/test_man.sh tests/test_install.sh \
                 tests/test_profile_tool.sh
@@ -186,7 +186,8 @@ $(O)/bin/kvtier-pool-demo: examples/pool-demo/pool_demo.c $(LIB_SO)
 	  -L$(O)/lib -lkvtier $(PROG_RPATH) $(LDFLAGS) -lm
 
 # bench_io.c's reference reader uses liburing directly.
-$(O)/bin/kvtier-bench: examples/bench/bench.c examples/bench/bench_io.c examples/bench/bench_io.h \
+$(O)/bin/kvtier-bench: examples/bench/bench.c examples/bench/bench_io.c examples/bench/bench_tier.c \
+                       examples/bench/bench_io.h \
                        $(LIB_SO)
 	@mkdir -p $(dir $@)
 	$(CC) -std=c11 -D_GNU_SOURCE -Iinclude $(WARN) $(SANFLAGS) $(DEP_CFLAGS) $(CFLAGS) -pthread \

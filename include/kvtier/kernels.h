@@ -43,9 +43,10 @@ typedef struct kvt_step kvt_step; /* opaque; owned by its pool */
 typedef struct kvt_step_opts {
     uint32_t struct_size;        /* sizeof(kvt_step_opts) */
     uint32_t flags;              /* KVT_STEP_* */
-    const kvt_selector *selector; /* required unless KVT_STEP_DENSE; must
-                                    match the pool's geometry and outlive
-                                    the step */
+    const kvt_selector *selector; /* required unless KVT_STEP_DENSE or the
+                                    pool has one (kvt_pool_opts.selector,
+                                    used when this is NULL); must match the
+                                    pool's geometry and outlive the step */
     float scale;                 /* softmax scale; 0 = 1/sqrt(head_dim) */
     uint32_t reserved;           /* must be zero */
     /* Fields below were appended to the first version (which stays
@@ -54,7 +55,9 @@ typedef struct kvt_step_opts {
                                     rerank interval in place of the
                                     selector's (which still scores and
                                     votes); same geometry as the pool;
-                                    must outlive the step. NULL = none */
+                                    must outlive the step. NULL = none (a
+                                    tiered pool: its own policy, and no
+                                    other is accepted) */
     kvt_profiler *profiler;      /* when set, kvt_step_select feeds it the
                                     top-K set of every head it reranks
                                     (extra work on the calling thread);
@@ -91,8 +94,40 @@ KVT_API int kvt_append(kvt_step *step, uint32_t layer, const void *k, const void
 
 /* Selects the pages of `layer` for every (sequence, KV head): heads due for
  * a rerank are scored and reselected, the others reuse their last top-K
- * pages. A KVT_STEP_DENSE step selects every page. */
+ * pages. A KVT_STEP_DENSE step selects every page. In a tiered pool this is
+ * kvt_rerank_recycle. */
 KVT_API int kvt_step_select(kvt_step *step, uint32_t layer, const float *q);
+
+/* The fused rerank/recycle of a tiered pool (kvt_pool_opts.policy), the
+ * same call as kvt_step_select in any other pool. Heads due this step are
+ * scored and reselected; then, in one pass per (sequence, stable head): pages
+ * resident on device but no longer selected are evicted (only pages another
+ * tier holds; with a window above 1 the lowest-scoring first, so up to
+ * top_k_pages x window stay cached) and pages selected but not on device are
+ * promoted: each evicted page's device block is handed to a promoted page
+ * directly, and the copies (host -> device, or disk -> device through the
+ * staging buffers) go to the mover as one urgent batch per sequence. The
+ * block-table entries this changes are recorded as the step's dirty ranges
+ * (kvt_step_dirty). KVT_ENOSPC (nothing placed) if the device tier cannot
+ * take the promoted pages. */
+KVT_API int kvt_rerank_recycle(kvt_step *step, uint32_t layer, const float *q);
+
+/* *ready = 1 when no page of sequence seq_index of the plan is on its way to
+ * the device tier (promotions of the latest kvt_rerank_recycle, or of
+ * kvt_seq_warmup), else 0. Right after kvt_step_plan it tells the engine
+ * which sequences are still reloading, so it can leave them out of the
+ * batch (finish the step and plan again); kvt_sparse_decode decodes the
+ * ready sequences first and waits only for the others. Applies finished
+ * moves; never waits. */
+KVT_API int kvt_step_ready(kvt_step *step, uint32_t seq_index, uint32_t *ready);
+
+/* The range of device block-table entries of (layer, sequence seq_index,
+ * kv_head) changed since the step was planned: appends, recycling,
+ * promotions landing and evictions. *first_page and *n_pages (0: nothing
+ * changed) bound every changed entry. A backend that mirrors the tables
+ * (CUDA) copies only these ranges. */
+KVT_API int kvt_step_dirty(const kvt_step *step, uint32_t layer, uint32_t seq_index,
+                           uint32_t kv_head, uint32_t *first_page, uint32_t *n_pages);
 
 /* Attention of every query head over the pages kvt_step_select chose for
  * `layer`. A step keeps one selection, the latest: KVT_ESTATE unless the
@@ -101,7 +136,12 @@ KVT_API int kvt_step_select(kvt_step *step, uint32_t layer, const float *q);
  * accumulation. out receives the normalised output; lse, when not NULL,
  * the natural log of the softmax denominator (of scale * q.k), so the
  * engine can merge with other attention parts. A sequence with no tokens
- * in the layer gets zeros and lse -infinity. */
+ * in the layer gets zeros and lse -infinity. In a tiered pool, sequences
+ * whose promoted pages are in flight are decoded last, each once its copies
+ * have landed (the others do not wait); a failed copy (KVT_EIO,
+ * KVT_ECORRUPT) is returned after every other sequence is decoded, with the
+ * failing sequence's output zeroed and its lse -infinity; its heads rescore
+ * at the next step, so it decodes again once the fault clears. */
 KVT_API int kvt_sparse_decode(kvt_step *step, uint32_t layer, const float *q, float *out,
                               float *lse);
 

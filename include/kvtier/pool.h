@@ -60,16 +60,58 @@ typedef struct kvt_pool_opts {
     uint32_t reserved0;          /* must be zero */
     const struct kvt_mover_opts *mover; /* tier mover options; NULL = defaults
                                            (kvtier/mover.h) */
+    /* Fields below were appended to the second version (which stays
+     * accepted: its struct_size reads them as zero). */
+    const struct kvt_policy *policy;  /* tiered placement by head class
+                                         (kvtier/policy.h); requires a host
+                                         tier; must outlive the pool. NULL =
+                                         no placement: pages stay where they
+                                         are put */
+    const struct kvt_selector *selector; /* scores pages for kvt_seq_warmup and
+                                            for steps that name no selector;
+                                            must outlive the pool. NULL = none */
+    uint64_t target_tokens;      /* with device_bytes 0 and a policy: size the
+                                    device tier for target_seqs sequences of
+                                    target_tokens tokens (kvt_pool_sizing_get) */
+    uint32_t target_seqs;        /* 0 = 1 when target_tokens is set */
+    uint32_t reserved1;          /* must be zero */
 } kvt_pool_opts;
 
 /* Positional form for C; C++ code should call kvt_pool_opts_init(). */
 #define KVT_POOL_OPTS_INIT { (uint32_t)sizeof(kvt_pool_opts), 0, {0, 0, 0, 0, 0, 0, {0, 0}}, \
-                             0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
+                             0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
 
 /* Fills *opts with the defaults, written out (page_tokens 16, f16, the
  * sequence limits); n_layers, n_kv_heads, head_dim and device_bytes stay 0
  * and must be set by the caller. Returns KVT_EINVAL if opts is NULL. */
 KVT_API int kvt_pool_opts_init(kvt_pool_opts *opts);
+
+/* What a pool needs for its targets (output: struct_size set by the caller). */
+typedef struct kvt_pool_sizing {
+    uint32_t struct_size;       /* sizeof(kvt_pool_sizing) */
+    uint32_t reserved;          /* set to zero */
+    uint64_t device_bytes;      /* device tier for target_seqs sequences of
+                                   target_tokens tokens under the policy:
+                                   unstable heads' every page, stable heads'
+                                   sink, local, last, top-K x window pages and
+                                   the pages a rerank interval adds, plus the
+                                   null block */
+    uint64_t dense_bytes;       /* the device tier without placement (every
+                                   page of every head), plus the null block */
+    uint64_t host_bytes;        /* a host tier holding every page stable heads
+                                   offload (no disk tier), plus the null block */
+    uint64_t meta_bytes;        /* the metadata store (device tier, beside
+                                   the blocks; the same with or without
+                                   placement) */
+    uint64_t device_pages;      /* blocks of device_bytes, null block excluded */
+    uint64_t dense_pages;       /* blocks of dense_bytes, null block excluded */
+} kvt_pool_sizing;
+
+/* Computes the sizes for opts->target_tokens and opts->target_seqs (0 = 1)
+ * under opts->policy (NULL: every page on device) and opts->geom. Needs no
+ * pool; opts is checked as kvt_pool_create checks it, except that
+ * device_bytes may be 0. */
+KVT_API int kvt_pool_sizing_get(const kvt_pool_opts *opts, kvt_pool_sizing *out);
 
 /* Creates a pool. Allocates the device tier (a DRAM arena on the CPU
  * backend), the host tier (libnuma arena) and the metadata store. */
@@ -108,6 +150,25 @@ typedef struct kvt_stats {
     kvt_tier_stats tier[KVT_NUM_TIERS];
     uint64_t moved_bytes[KVT_NUM_DIRS];
     uint64_t moved_requests[KVT_NUM_DIRS];
+    /* Tiered placement counters (appended to the first version; a caller
+     * with the older struct_size does not get them). Cumulative since the
+     * pool was created. */
+    uint64_t sel_pages;         /* pages stable heads' selections held,
+                                   summed over every selection of every step */
+    uint64_t sel_resident;      /* ... of which were in the device tier
+                                   before the selection (the hit rate is
+                                   sel_resident / sel_pages) */
+    uint64_t promoted_pages;    /* copies to the device tier issued by
+                                   rerank/recycle and warm-up */
+    uint64_t recycled_blocks;   /* ... of which reused an evicted page's
+                                   device block in place */
+    uint64_t evicted_pages;     /* device copies of stable heads released
+                                   (another tier holds the page) */
+    uint64_t offloaded_pages;   /* full pages copied out of the device tier
+                                   once, when they filled */
+    uint64_t reranked_heads;    /* (sequence, layer, head) rescored */
+    uint64_t paused_seqs;       /* (sequence, layer) decodes that waited for
+                                   promoted pages */
 } kvt_stats;
 
 /* Fills the first stats->struct_size bytes of *stats. */
@@ -159,6 +220,23 @@ KVT_API int kvt_seq_info_get(const kvt_pool *pool, kvt_seq_id seq, kvt_seq_info 
 /* Tokens appended to one layer of the sequence. */
 KVT_API int kvt_seq_length(const kvt_pool *pool, kvt_seq_id seq, uint32_t layer,
                            uint32_t *n_tokens);
+
+/* Importance-guided warm-up after prefill (tiered pools: a policy and a
+ * selector in the pool options). obs_queries holds the queries of the last
+ * n_obs prompt tokens, f32, [n_layers][n_obs][n_q_heads][head_dim]. Every
+ * full page of a stable head is copied out of the device tier (to the host,
+ * and to the disk when there is one) if it is not already; then each page
+ * is scored by the pool's selector, the scores summed over the n_obs
+ * queries, and the pages are placed by that importance: per stable head its
+ * sink, local and last pages and the top_k_pages x window best stay in (or
+ * are copied to) the device tier, the others leave it; when the host tier is
+ * a cache over the disk, the sequence's most important pages are the ones
+ * it keeps there. The importance also seeds each head's first selection
+ * (its top_k_pages best), so the first step need not rescore. Copies to the
+ * device tier run asynchronously: the sequence is not ready
+ * (kvt_step_ready) until they land. KVT_ESTATE while a step is open. */
+KVT_API int kvt_seq_warmup(kvt_pool *pool, kvt_seq_id seq, const float *obs_queries,
+                           uint32_t n_obs);
 
 /* Copies n_pages entries of the block table of (seq, layer, kv_head),
  * starting at logical page first_page: the device block of each page

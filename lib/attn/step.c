@@ -13,6 +13,7 @@
 
 #include "../core/internal.h"
 #include "../policy/policy_int.h"
+#include "../tier/tier.h"
 
 #define KVT__STEP_OPTS_V1 24u
 _Static_assert(offsetof(kvt_step_opts, reserved) + 4 == KVT__STEP_OPTS_V1, "step opts v1");
@@ -66,6 +67,21 @@ struct kvt_step {
     size_t tstride, cap_tmem;
     uint8_t *tmem;            /* [n_threads][tstride] */
 
+    /* Tiered placement (a pool with a policy, not a dense step). */
+    bool tiered;
+    kvt_fence *fence;         /* [n] promotions in flight (0 = none) */
+    int32_t *fcode;           /* [n] their outcome once reported */
+    uint8_t *fpend;           /* [n] 1 = fence not yet reported */
+    uint32_t *pm_off, *pm_cnt; /* [n] the sequence's moves in pm */
+    size_t cap_pm;
+    kvt_move *pm;             /* [cap_pm] promotions of the current layer */
+    uint32_t *pmdst;          /* [cap_pm] device block handed to each */
+    int32_t *pmres;           /* [cap_pm] per-move outcome */
+    size_t cap_ev;
+    void *ev;                 /* [cap_ev] eviction candidates of one head */
+    uint32_t *pml;            /* [cap_ev] promoted pages of one head */
+    uint8_t *failed;          /* [n] a promotion of the sequence failed */
+
     /* Arguments of the running job. */
     uint32_t layer;
     const float *q;
@@ -96,7 +112,25 @@ void kvt__step_free(struct kvt_step *st)
     free(st->task_count);
     free(st->part);
     free(st->tmem);
+    free(st->fence);
+    free(st->fcode);
+    free(st->fpend);
+    free(st->pm_off);
+    free(st->pm_cnt);
+    free(st->pm);
+    free(st->pmdst);
+    free(st->pmres);
+    free(st->ev);
+    free(st->pml);
+    free(st->failed);
     free(st);
+}
+
+static void kvt__settle(kvt_step *st, uint32_t i);
+
+bool kvt__step_is_open(const struct kvt_step *st)
+{
+    return st && st->open;
 }
 
 KVT_API int kvt_step_opts_init(kvt_step_opts *opts)
@@ -131,7 +165,7 @@ static int cmp_u64(const void *a, const void *b)
 
 /* Makes sure a sequence can keep its last top-K pages per (layer, head);
  * growing keeps what was recorded, so the rerank schedule is unaffected. */
-static int kvt__seq_topk_reserve(const kvt_pool *p, kvt__seq *s, uint32_t cap)
+int kvt__seq_topk_reserve(const kvt_pool *p, kvt__seq *s, uint32_t cap)
 {
     if (s->topk && cap <= s->topk_cap)
         return 0;
@@ -161,6 +195,63 @@ static int kvt__seq_topk_reserve(const kvt_pool *p, kvt__seq *s, uint32_t cap)
     s->topk_k = k;
     s->topk_cap = (uint32_t)c;
     return 0;
+}
+
+/* An eviction candidate of one head: its score and page. */
+typedef struct {
+    float imp;
+    uint32_t page;
+} kvt__evc;
+
+/* Highest score first; among equal scores the lower page. */
+static int kvt__evc_desc(const void *a, const void *b)
+{
+    const kvt__evc *x = a, *y = b;
+    if (x->imp != y->imp)
+        return x->imp > y->imp ? -1 : 1;
+    return x->page < y->page ? -1 : x->page > y->page;
+}
+
+/* Adds to *need the device blocks the rerank/recycle of s's due stable
+ * heads may take beyond the blocks they give back, and to *pm the moves it
+ * may issue. After a rerank a head keeps its forced pages, at most K x
+ * window others, and the pages it cannot evict (no complete copy elsewhere
+ * or a move in flight); one more page leaves the local window with the
+ * step's token. */
+static void kvt__promote_bound(const kvt_pool *p, const kvt__seq *s, const uint32_t *ak,
+                               const uint32_t *aiv, uint64_t *need, uint64_t *pm)
+{
+    const uint32_t L = p->g.n_layers, H = p->g.n_kv_heads, P = p->g.page_tokens;
+    for (uint32_t l = 0; l < L; l++) {
+        const uint32_t tokens = s->n_tokens[l], np = kvt__pages_for(p, tokens + 1u);
+        for (uint32_t h = 0; h < H; h++) {
+            const size_t lh = kvt__lh(p, l, h);
+            if (!kvt__stable(p, lh))
+                continue;
+            const uint32_t iv = aiv[lh];
+            const bool due = iv <= 1 || !s->topk || s->topk_k[lh] != ak[lh] + 1u ||
+                             (s->steps + s->phase) % iv == 0;
+            if (!due)
+                continue;
+            const uint32_t sink = p->pol->sink[lh], local = p->pol->local[lh];
+            uint64_t dev = 0, stuck = 0, forced = 0;
+            for (uint32_t pg = 0; pg < np; pg++) {
+                const uint8_t r = s->res[lh * s->cap_pages + pg];
+                const bool f = kvt__forced(pg, np, tokens + 1u, P, sink, local);
+                forced += f;
+                if (!(r & KVT_RES_DEVICE))
+                    continue;
+                dev++;
+                if (!f && ((r & KVT__RES_BUSY) || !(r & (KVT_RES_HOST | KVT_RES_DISK))))
+                    stuck++;
+            }
+            const uint64_t kw = (uint64_t)ak[lh] * p->pol->window[lh];
+            const uint64_t after = forced + 1u + kw + stuck;
+            if (after > dev)
+                *need += after - dev;
+            *pm += ak[lh] < np ? ak[lh] : np;
+        }
+    }
 }
 
 KVT_API int kvt_step_plan(kvt_pool *pool, const kvt_seq_id *seqs, uint32_t n_seqs,
@@ -193,8 +284,18 @@ KVT_API int kvt_step_plan(kvt_pool *pool, const kvt_seq_id *seqs, uint32_t n_seq
         return kvt__err(KVT_EINVAL, "opts->scale: %g is not a finite value >= 0",
                         (double)o.scale);
     const bool dense = (o.flags & KVT_STEP_DENSE) != 0;
+    if (!o.selector && !dense)
+        o.selector = pool->sel;
     if (!dense && !o.selector)
-        return kvt__err(KVT_EINVAL, "opts->selector: NULL needs flags KVT_STEP_DENSE");
+        return kvt__err(KVT_EINVAL, "opts->selector: NULL needs flags KVT_STEP_DENSE (or a "
+                        "pool with a selector)");
+    if (pool->pol && !dense) {
+        if (o.policy && o.policy != pool->pol)
+            return kvt__err(KVT_EINVAL, "opts->policy: a tiered pool places pages by its own "
+                            "policy; pass NULL or the pool's");
+        o.policy = pool->pol;
+    }
+    const bool tiered = pool->pol && !dense;
     if (o.selector) {
         rc = kvt__selector_match(o.selector, pool);
         if (rc)
@@ -242,7 +343,7 @@ KVT_API int kvt_step_plan(kvt_pool *pool, const kvt_seq_id *seqs, uint32_t n_seq
 
     /* Room for one more token per sequence and layer: blocks now, table
      * capacity reserved so that kvt_append never allocates. */
-    uint64_t need = 0, sel_total = 0, task_total = 0;
+    uint64_t need = 0, sel_total = 0, task_total = 0, pm_total = 0;
     uint32_t np_max = 1;
     uint32_t kmax = 0, smax = 0, lmax = 0, imax = 1;
     const uint32_t *ak = NULL, *asink = NULL, *alocal = NULL, *aiv = NULL;
@@ -279,7 +380,7 @@ KVT_API int kvt_step_plan(kvt_pool *pool, const kvt_seq_id *seqs, uint32_t n_seq
         rc = kvt__seq_reserve(pool, s, np);
         if (rc)
             goto out_free;
-        if (!dense && (imax > 1 || s->topk)) {
+        if (!dense && (imax > 1 || s->topk || tiered)) {
             rc = kvt__seq_topk_reserve(pool, s, kmax < s->cap_pages ? kmax : s->cap_pages);
             if (rc)
                 goto out_free;
@@ -287,13 +388,18 @@ KVT_API int kvt_step_plan(kvt_pool *pool, const kvt_seq_id *seqs, uint32_t n_seq
         if (prof && (rc = kvt__profiler_reserve(prof, seqs[i], kmax < np ? kmax : np)))
             goto out_free;
         np_max = np > np_max ? np : np_max;
+        if (tiered)
+            kvt__promote_bound(pool, s, ak, aiv, &need, &pm_total);
         const uint32_t b = dense ? np : kvt__sel_bound(np, kmax, smax, lmax);
         sel_total += (uint64_t)b * H;
         task_total += (uint64_t)((b + KVT__CHUNK_PAGES - 1) / KVT__CHUNK_PAGES) * H;
     }
+    if (tiered)
+        kvt__mover_apply(pool->mover);
     if (need > pool->tier[KVT_TIER_DEVICE].n_free) {
-        rc = kvt__err(KVT_ENOSPC, "device tier: the step's appends need up to %llu blocks, "
-                      "%u free", (unsigned long long)need, pool->tier[KVT_TIER_DEVICE].n_free);
+        rc = kvt__err(KVT_ENOSPC, "device tier: the step's appends%s need up to %llu blocks, "
+                      "%u free", tiered ? " and promotions" : "", (unsigned long long)need,
+                      pool->tier[KVT_TIER_DEVICE].n_free);
         goto out_free;
     }
     if (need > pool->meta.n_free) {
@@ -354,6 +460,12 @@ KVT_API int kvt_step_plan(kvt_pool *pool, const kvt_seq_id *seqs, uint32_t n_seq
         KVT__REALLOC(task0, nh);
         KVT__REALLOC(ntask, nh);
         KVT__REALLOC(pending, nh);
+        KVT__REALLOC(fence, n_seqs);
+        KVT__REALLOC(fcode, n_seqs);
+        KVT__REALLOC(fpend, n_seqs);
+        KVT__REALLOC(pm_off, n_seqs);
+        KVT__REALLOC(pm_cnt, n_seqs);
+        KVT__REALLOC(failed, n_seqs);
 #undef KVT__REALLOC
         st->cap_n = n_seqs;
     }
@@ -392,9 +504,39 @@ KVT_API int kvt_step_plan(kvt_pool *pool, const kvt_seq_id *seqs, uint32_t n_seq
     if (prof && (rc = kvt__grow((void **)&st->rec, &st->cap_rec, (size_t)np_max,
                                 sizeof(uint32_t), "profiler records")))
         goto out_reset;
+    if (tiered) {
+        size_t p1 = st->cap_pm, p2 = st->cap_pm, p3 = st->cap_pm;
+        if ((rc = kvt__grow((void **)&st->pm, &p1, pm_total, sizeof *st->pm, "promotions")) ||
+            (rc = kvt__grow((void **)&st->pmdst, &p2, pm_total, sizeof *st->pmdst,
+                            "promotions")) ||
+            (rc = kvt__grow((void **)&st->pmres, &p3, pm_total, sizeof *st->pmres,
+                            "promotions"))) {
+            free(st->pm);
+            free(st->pmdst);
+            free(st->pmres);
+            st->pm = NULL;
+            st->pmdst = NULL;
+            st->pmres = NULL;
+            st->cap_pm = 0;
+            goto out_reset;
+        }
+        st->cap_pm = p1;
+        size_t e1 = st->cap_ev, e2 = st->cap_ev;
+        if ((rc = kvt__grow(&st->ev, &e1, np_max, sizeof(kvt__evc), "eviction list")) ||
+            (rc = kvt__grow((void **)&st->pml, &e2, np_max, sizeof(uint32_t), "eviction list"))) {
+            free(st->ev);
+            free(st->pml);
+            st->ev = NULL;
+            st->pml = NULL;
+            st->cap_ev = 0;
+            goto out_reset;
+        }
+        st->cap_ev = e1;
+    }
 
     /* Everything is in place: fill the plan. */
     st->sel = o.selector;
+    st->tiered = tiered;
     st->k = ak;
     st->sink = asink;
     st->local = alocal;
@@ -433,7 +575,18 @@ KVT_API int kvt_step_plan(kvt_pool *pool, const kvt_seq_id *seqs, uint32_t n_seq
             }
         }
     }
+    for (uint32_t i = 0; i < n_seqs; i++) {
+        /* Warm-up's promotions still in flight make the sequence not ready. */
+        st->fence[i] = tiered ? ss[i]->wfence : 0;
+        st->fpend[i] = st->fence[i] != 0;
+        st->fcode[i] = 0;
+        st->failed[i] = 0;
+        st->pm_cnt[i] = 0;
+        if (tiered)
+            ss[i]->wfence = 0;
+    }
     st->open = true;
+    pool->step_id++; /* dirty ranges start empty */
     pool->clock++; /* the step's stamp on the pages it selects */
     free(ss);
     free(sorted);
@@ -481,6 +634,18 @@ KVT_API int kvt_step_finish(kvt_step *st)
         return 0;
     if (!st->open)
         return kvt__err(KVT_ESTATE, "step: already finished");
+    int rc = 0;
+    if (st->tiered) {
+        /* Nothing of the step may stay in flight (the moves write into the
+         * step's buffers); then the pages that filled go out once. */
+        for (uint32_t i = 0; i < st->n; i++) {
+            if (st->fpend[i]) {
+                kvt__settle(st, i);
+                st->pool->pst.paused--; /* not a decode that waited */
+            }
+        }
+        rc = kvt__place_offload(st->pool, st->seqs, st->ids, st->n, UINT32_MAX, false);
+    }
     for (uint32_t i = 0; i < st->n; i++) {
         kvt__seq *s = st->seqs[i]; /* slots live as long as the pool */
         if (s->live && s->gen == (uint32_t)(st->ids[i] >> 32))
@@ -488,6 +653,55 @@ KVT_API int kvt_step_finish(kvt_step *st)
     }
     st->open = false;
     st->sel_layer = KVT__NO_LAYER;
+    return rc;
+}
+
+KVT_API int kvt_step_ready(kvt_step *st, uint32_t seq_index, uint32_t *ready)
+{
+    if (!st)
+        return kvt__err(KVT_EINVAL, "step: must not be NULL");
+    if (!st->open)
+        return kvt__err(KVT_ESTATE, "step: already finished (a stale plan)");
+    if (seq_index >= st->n)
+        return kvt__err(KVT_EINVAL, "seq_index: %u >= the plan's %u sequences", seq_index,
+                        st->n);
+    KVT__CHECK_NULL(ready);
+    int code = 0;
+    if (st->tiered && st->fpend[seq_index] &&
+        kvt__mover_fence_done(st->pool->mover, st->fence[seq_index], &code)) {
+        st->fpend[seq_index] = 0;
+        st->fence[seq_index] = 0;
+        st->fcode[seq_index] = code;
+    }
+    *ready = st->tiered ? !st->fpend[seq_index] : 1u;
+    return 0;
+}
+
+KVT_API int kvt_step_dirty(const kvt_step *st, uint32_t layer, uint32_t seq_index,
+                           uint32_t kv_head, uint32_t *first_page, uint32_t *n_pages)
+{
+    if (!st)
+        return kvt__err(KVT_EINVAL, "step: must not be NULL");
+    if (!st->open)
+        return kvt__err(KVT_ESTATE, "step: already finished (a stale plan)");
+    if (layer >= st->L)
+        return kvt__err(KVT_EINVAL, "layer: %u >= n_layers %u", layer, st->L);
+    if (seq_index >= st->n)
+        return kvt__err(KVT_EINVAL, "seq_index: %u >= the plan's %u sequences", seq_index,
+                        st->n);
+    if (kv_head >= st->H)
+        return kvt__err(KVT_EINVAL, "kv_head: %u >= n_kv_heads %u", kv_head, st->H);
+    KVT__CHECK_NULL(first_page);
+    KVT__CHECK_NULL(n_pages);
+    const kvt__seq *s = st->seqs[seq_index];
+    const size_t lh = kvt__lh(st->pool, layer, kv_head);
+    if (s->dstamp && s->dstamp[lh] == st->pool->step_id) {
+        *first_page = s->dlo[lh];
+        *n_pages = s->dhi[lh] - s->dlo[lh] + 1u;
+    } else {
+        *first_page = 0;
+        *n_pages = 0;
+    }
     return 0;
 }
 
@@ -638,7 +852,165 @@ static int kvt__step_record(kvt_step *st, uint32_t layer)
     return 0;
 }
 
-KVT_API int kvt_step_select(kvt_step *st, uint32_t layer, const float *q)
+/* Waits for the promotions of sequence i still in flight (from warm-up, or
+ * from a layer whose decode never ran) and records their outcome. */
+static void kvt__settle(kvt_step *st, uint32_t i)
+{
+    if (!st->fpend[i])
+        return;
+    st->fcode[i] = kvt__mover_fence_wait(st->pool->mover, st->fence[i]);
+    st->fpend[i] = 0;
+    st->fence[i] = 0;
+    st->pool->pst.paused++;
+}
+
+/* The selection's residency stats, then the fused recycle of every due
+ * stable head: evicted pages' device blocks go straight to promoted pages,
+ * and each sequence's promotions leave as one urgent mover batch. */
+static int kvt__recycle(kvt_step *st, uint32_t layer)
+{
+    kvt_pool *p = st->pool;
+    kvt__arena *dev = &p->tier[KVT_TIER_DEVICE];
+    const uint32_t H = st->H, P = st->P;
+    kvt__evc *ev = st->ev;
+    uint32_t *pml = st->pml;
+    size_t k = 0;
+    int rc = 0;
+    for (uint32_t i = 0; i < st->n && !rc; i++) {
+        kvt__seq *s = st->seqs[i];
+        kvt__settle(st, i);
+        st->fcode[i] = 0;
+        st->pm_off[i] = (uint32_t)k;
+        st->pm_cnt[i] = 0;
+        const uint32_t tokens = s->n_tokens[layer], np = kvt__pages_for(p, tokens);
+        for (uint32_t h = 0; h < H && !rc; h++) {
+            const size_t lh = kvt__lh(p, layer, h), base = lh * s->cap_pages;
+            const size_t ih = (size_t)i * H + h;
+            if (st->sel_rr[ih])
+                p->pst.reranked++;
+            if (!kvt__stable(p, lh))
+                continue;
+            const uint32_t *sel = st->sel_pages + st->sel_off[ih];
+            const uint32_t cnt = st->sel_cnt[ih];
+            uint32_t hit = 0;
+            for (uint32_t j = 0; j < cnt; j++)
+                hit += (s->res[base + sel[j]] & KVT_RES_DEVICE) != 0;
+            p->pst.sel_pages += cnt;
+            p->pst.sel_resident += hit;
+            if (!st->sel_rr[ih])
+                continue; /* reuses its top-K pages, already on device */
+            const uint32_t sink = p->pol->sink[lh], local = p->pol->local[lh];
+            uint32_t npro = 0, nev = 0, stuck = 0, ntop = 0;
+            for (uint32_t pg = 0, j = 0; pg < np; pg++) {
+                const size_t e = base + pg;
+                const bool selected = j < cnt && sel[j] == pg;
+                j += selected;
+                const bool forced = kvt__forced(pg, np, tokens, P, sink, local);
+                uint8_t r = s->res[e];
+                if (selected) {
+                    ntop += !forced;
+                    if (!(r & KVT_RES_DEVICE) && (r & KVT__RES_BUSY)) {
+                        /* Moving between other tiers: let it land first. */
+                        kvt__mover_drain_seq(p->mover, s);
+                        r = s->res[e];
+                    }
+                    if (!(r & KVT_RES_DEVICE))
+                        pml[npro++] = pg;
+                } else if ((r & KVT_RES_DEVICE) && !forced) {
+                    if (!(r & KVT__RES_BUSY) && (r & (KVT_RES_HOST | KVT_RES_DISK)))
+                        ev[nev++] = (kvt__evc){s->imp[e], pg};
+                    else
+                        stuck++;
+                }
+            }
+            /* Lookahead eviction: up to K x window non-forced pages stay,
+             * the evictable ones with the highest current scores. */
+            const uint64_t kw = (uint64_t)st->k[lh] * p->pol->window[lh];
+            const uint64_t used = (uint64_t)ntop + stuck;
+            uint64_t room = kw > used ? kw - used : 0;
+            uint32_t keep = 0;
+            if (room && nev) {
+                if (room >= nev) {
+                    keep = nev;
+                } else {
+                    qsort(ev, nev, sizeof *ev, kvt__evc_desc);
+                    keep = (uint32_t)room;
+                }
+            }
+            const kvt__evc *evs = ev + keep;
+            const uint32_t nevict = nev - keep;
+            const uint32_t deficit = npro > nevict ? npro - nevict : 0;
+            if (deficit > dev->n_free || k + npro > st->cap_pm) {
+                rc = deficit > dev->n_free
+                         ? kvt__err(KVT_ENOSPC, "device tier: sequence %u layer %u head %u "
+                                    "promotes %u pages, %u blocks free after %u evictions",
+                                    i, layer, h, npro, dev->n_free, nevict)
+                         : kvt__err(KVT_EINTERNAL, "step: promotions exceed the %zu the plan "
+                                    "sized", st->cap_pm);
+                if (s->topk_k)
+                    s->topk_k[lh] = 0;
+                break;
+            }
+            for (uint32_t x = 0; x < npro; x++) {
+                const uint32_t pg = pml[x];
+                const uint8_t r = s->res[base + pg];
+                uint32_t blk;
+                if (x < nevict) { /* the evicted page's block, handed over in place */
+                    const size_t ee = base + evs[x].page;
+                    blk = s->dev_block[ee];
+                    s->dev_block[ee] = 0;
+                    s->res[ee] &= (uint8_t)~KVT_RES_DEVICE;
+                    s->pages_in_tier[KVT_TIER_DEVICE]--;
+                    p->pages_in_tier[KVT_TIER_DEVICE]--;
+                    kvt__dirty(p, s, lh, evs[x].page);
+                    p->pst.recycled++;
+                    p->pst.evicted++;
+                } else {
+                    blk = kvt__arena_alloc(dev);
+                }
+                st->pm[k] = (kvt_move){st->ids[i], layer, h, pg,
+                                       (r & KVT_RES_HOST) ? KVT_TIER_HOST : KVT_TIER_DISK,
+                                       KVT_TIER_DEVICE, 0};
+                st->pmdst[k] = blk;
+                st->pmres[k] = 0;
+                k++;
+                kvt__dirty(p, s, lh, pg);
+            }
+            for (uint32_t x = npro; x < nevict; x++) {
+                kvt__page_drop(p, s, base + evs[x].page, KVT_TIER_DEVICE);
+                p->pst.evicted++;
+            }
+        }
+        const uint32_t off = st->pm_off[i], cnt = (uint32_t)k - off;
+        if (cnt && !rc) {
+            kvt_fence f;
+            rc = kvt__mover_submit(p->mover, st->pm + off, cnt, KVT_SUBMIT_URGENT,
+                                   st->pmres + off, &f, st->pmdst + off,
+                                   KVT__OPF_PROMOTE | KVT__OPF_HANDED);
+            if (rc) {
+                k = off;
+            } else {
+                st->pm_cnt[i] = cnt;
+                st->fence[i] = f;
+                st->fpend[i] = 1;
+                p->pst.promoted += cnt;
+            }
+        }
+        if (rc) {
+            /* Nothing of this sequence was submitted: its handed blocks go
+             * back, and its heads of this layer rescore at the next step. */
+            for (uint32_t x = off; x < off + cnt; x++)
+                kvt__arena_free(dev, st->pmdst[x]);
+            for (uint32_t h = 0; h < H && s->topk_k; h++)
+                s->topk_k[kvt__lh(p, layer, h)] = 0;
+        }
+    }
+    if (rc)
+        st->sel_layer = KVT__NO_LAYER;
+    return rc;
+}
+
+static int kvt__select(kvt_step *st, uint32_t layer, const float *q)
 {
     int rc = kvt__step_enter(st, layer);
     if (rc)
@@ -669,7 +1041,19 @@ KVT_API int kvt_step_select(kvt_step *st, uint32_t layer, const float *q)
         if ((rc = kvt__step_record(st, layer)))
             return rc;
     }
+    if (st->tiered)
+        return kvt__recycle(st, layer);
     return 0;
+}
+
+KVT_API int kvt_step_select(kvt_step *st, uint32_t layer, const float *q)
+{
+    return kvt__select(st, layer, q);
+}
+
+KVT_API int kvt_rerank_recycle(kvt_step *st, uint32_t layer, const float *q)
+{
+    return kvt__select(st, layer, q);
 }
 
 /* ---- sparse decode ------------------------------------------------------ */
@@ -759,20 +1143,16 @@ static void kvt__dec_task(void *ctx, uint32_t t, uint32_t thread)
         kvt__merge(st, ih);
 }
 
-KVT_API int kvt_sparse_decode(kvt_step *st, uint32_t layer, const float *q, float *out,
-                              float *lse)
+/* Builds and runs the decode tasks of the sequences whose round[i] equals
+ * `round` (every sequence when round is NULL). */
+static int kvt__dec_round(kvt_step *st, const uint8_t *rnd, uint8_t round)
 {
-    int rc = kvt__step_enter(st, layer);
-    if (rc)
-        return rc;
-    KVT__CHECK_NULL(q);
-    KVT__CHECK_NULL(out);
-    if (st->sel_layer != layer)
-        return kvt__err(KVT_ESTATE, "layer: %u has no selection in this step (call "
-                        "kvt_step_select or kvt_attend for it first)", layer);
     const uint32_t G = st->G, D = st->D;
     size_t nt = 0;
     for (uint32_t ih = 0; ih < st->n * st->H; ih++) {
+        const uint32_t i = ih / st->H, h = ih % st->H;
+        if (rnd && rnd[i] != round)
+            continue;
         const uint32_t cnt = st->sel_cnt[ih];
         const uint32_t k = (cnt + KVT__CHUNK_PAGES - 1) / KVT__CHUNK_PAGES;
         if (nt + k > st->cap_tasks)
@@ -789,20 +1169,94 @@ KVT_API int kvt_sparse_decode(kvt_step *st, uint32_t layer, const float *q, floa
                                      : KVT__CHUNK_PAGES;
         }
         if (k == 0) { /* no tokens in this layer */
-            const uint32_t i = ih / st->H, h = ih % st->H;
-            memset(out + ((size_t)i * st->Hq + (size_t)h * G) * D, 0,
-                   (size_t)G * D * sizeof *out);
-            if (lse)
+            memset(st->out + ((size_t)i * st->Hq + (size_t)h * G) * D, 0,
+                   (size_t)G * D * sizeof *st->out);
+            if (st->lse)
                 for (uint32_t g = 0; g < G; g++)
-                    lse[(size_t)i * st->Hq + (size_t)h * G + g] = -INFINITY;
+                    st->lse[(size_t)i * st->Hq + (size_t)h * G + g] = -INFINITY;
         }
     }
+    if (nt)
+        kvt__tp_run(&st->pool->tp, kvt__dec_task, st, (uint32_t)nt);
+    return 0;
+}
+
+KVT_API int kvt_sparse_decode(kvt_step *st, uint32_t layer, const float *q, float *out,
+                              float *lse)
+{
+    int rc = kvt__step_enter(st, layer);
+    if (rc)
+        return rc;
+    KVT__CHECK_NULL(q);
+    KVT__CHECK_NULL(out);
+    if (st->sel_layer != layer)
+        return kvt__err(KVT_ESTATE, "layer: %u has no selection in this step (call "
+                        "kvt_step_select or kvt_attend for it first)", layer);
     st->layer = layer;
     st->q = q;
     st->out = out;
     st->lse = lse;
     atomic_store(&st->err, 0);
-    kvt__tp_run(&st->pool->tp, kvt__dec_task, st, (uint32_t)nt);
+    if (!st->tiered) {
+        if ((rc = kvt__dec_round(st, NULL, 0)))
+            return rc;
+    } else {
+        /* Round 0: sequences whose promotions have landed; round 1: the
+         * others, each once its copies are in; round 2: failed copies. */
+        kvt_pool *p = st->pool;
+        uint8_t *rnd = st->failed;
+        for (uint32_t i = 0; i < st->n; i++) {
+            int code = 0;
+            if (st->fpend[i] && kvt__mover_fence_done(p->mover, st->fence[i], &code)) {
+                st->fpend[i] = 0;
+                st->fence[i] = 0;
+                st->fcode[i] = code;
+            }
+            rnd[i] = st->fpend[i] ? 1 : st->fcode[i] ? 2 : 0;
+        }
+        if ((rc = kvt__dec_round(st, rnd, 0)))
+            return rc;
+        bool waited = false;
+        for (uint32_t i = 0; i < st->n; i++)
+            if (rnd[i] == 1) {
+                kvt__settle(st, i);
+                rnd[i] = st->fcode[i] ? 2 : 1;
+                waited = true;
+            }
+        if (waited && (rc = kvt__dec_round(st, rnd, 1)))
+            return rc;
+        int first = 0;
+        uint32_t bad = 0;
+        for (uint32_t i = 0; i < st->n; i++) {
+            if (rnd[i] != 2)
+                continue;
+            /* The heads whose pages did not arrive rescore at the next step;
+             * this layer's output of the sequence is not computed. */
+            kvt__seq *s = st->seqs[i];
+            for (uint32_t x = st->pm_off[i]; x < st->pm_off[i] + st->pm_cnt[i]; x++)
+                if (st->pmres[x] && s->topk_k)
+                    s->topk_k[kvt__lh(p, layer, st->pm[x].kv_head)] = 0;
+            memset(out + (size_t)i * st->Hq * st->D, 0,
+                   (size_t)st->Hq * st->D * sizeof *out);
+            if (lse)
+                for (uint32_t g = 0; g < st->Hq; g++)
+                    lse[(size_t)i * st->Hq + g] = -INFINITY;
+            if (!first) {
+                first = st->fcode[i];
+                bad = i;
+            }
+            st->fcode[i] = 0;
+        }
+        for (uint32_t i = 0; i < st->n; i++)
+            rnd[i] = 0;
+        if (first) {
+            char why[256];
+            snprintf(why, sizeof why, "%s", kvt_last_error());
+            return kvt__err(first, "sparse decode: promoted pages of sequence %u, layer %u "
+                            "did not load (%s); its output is zeros, its heads rescore at "
+                            "the next step", bad, layer, why);
+        }
+    }
     if (atomic_load(&st->err))
         return kvt__err(KVT_ESTATE, "sparse decode: a selected page of layer %u lives only on "
                         "disk; fetch it to the device or host tier (kvt_mover_submit) first",

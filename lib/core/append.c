@@ -136,6 +136,13 @@ KVT_API int kvt_seq_append(kvt_pool *pool, kvt_seq_id seq, uint32_t layer, const
         return rc;
 
     kvt__append_checked(pool, s, layer, k, v, n_tokens, src_dtype, token_stride);
+    if (pool->pol) {
+        /* Tiered pool: stable heads' full pages go out once, now, and their
+         * device copies leave unless forced or selected. A failed copy-out
+         * keeps the page on device; the next pass tries again. */
+        kvt__place_after_append(pool, s, seq, layer, cur);
+        kvt_clear_error();
+    }
     return 0;
 }
 
@@ -159,6 +166,7 @@ void kvt__append_checked(kvt_pool *pool, kvt__seq *s, uint32_t layer, const void
             s->meta_slot[base + pg] = kvt__arena_alloc(&pool->meta);
             s->host_block[base + pg] = 0;
             s->res[base + pg] = KVT_RES_DEVICE;
+            kvt__dirty(pool, s, kvt__lh(pool, layer, h), pg);
         }
     }
     const uint64_t added = pages_after - pages_before;

@@ -224,6 +224,12 @@ typedef struct kvt__seq {
     uint32_t *disk_ext;
     uint32_t ext_cap;
     uint32_t busy;         /* pages with a move in flight */
+    /* Tiered placement (lib/tier/place.c). */
+    uint32_t reloading;    /* moves to the device tier in flight */
+    uint64_t wfence;       /* warm-up's promotions (0 = none pending) */
+    uint32_t *off_next;    /* [L * H] first page not yet offloaded (stable heads) */
+    uint32_t *dlo, *dhi;   /* [L * H] dirty range of the device table ... */
+    uint32_t *dstamp;      /* [L * H] ... valid when equal to the pool's step_id */
 } kvt__seq;
 
 /* Internal residency bit: a move of the page is in flight (never reported). */
@@ -272,7 +278,39 @@ struct kvt_pool {
 #define KVT__PHASES 16u
     uint32_t phase_live[KVT__PHASES]; /* live sequences per rerank phase */
     uint32_t phase_next;    /* where the search for the emptiest phase starts */
+    /* Tiered placement (lib/tier/place.c): NULL policy = none. */
+    const struct kvt_policy *pol;
+    const struct kvt_selector *sel;
+    uint32_t step_id;       /* advances with every step plan (dirty ranges) */
+    struct {
+        uint64_t sel_pages, sel_resident, promoted, recycled, evicted, offloaded, reranked,
+            paused;
+    } pst;
 };
+
+/* A tiered pool's stable head (lh = layer * H + head). */
+KVT__HIDDEN bool kvt__stable(const kvt_pool *p, size_t lh);
+/* Records that the device table entry (s, lh, page) changed in this step. */
+static inline void kvt__dirty(const kvt_pool *p, kvt__seq *s, size_t lh, uint32_t page)
+{
+    if (!s->dstamp)
+        return;
+    if (s->dstamp[lh] != p->step_id) {
+        s->dstamp[lh] = p->step_id;
+        s->dlo[lh] = s->dhi[lh] = page;
+    } else if (page < s->dlo[lh]) {
+        s->dlo[lh] = page;
+    } else if (page > s->dhi[lh]) {
+        s->dhi[lh] = page;
+    }
+}
+/* Whether page pg of a (layer, head) with np pages and `tokens` tokens is
+ * forced into every selection (sink, local, partial last page). */
+static inline bool kvt__forced(uint32_t pg, uint32_t np, uint32_t tokens, uint32_t P,
+                               uint32_t sink, uint32_t local)
+{
+    return pg < sink || (uint64_t)pg + local >= np || (pg + 1 == np && tokens % P != 0);
+}
 
 /* A memory tier exists when its arena is mapped; the disk tier when its
  * file is open. */
@@ -305,7 +343,10 @@ KVT__HIDDEN void kvt__append_checked(kvt_pool *p, kvt__seq *s, uint32_t layer, c
                                      uint64_t token_stride);
 /* The step workspace of a pool (lib/attn/step.c). */
 KVT__HIDDEN void kvt__step_free(struct kvt_step *st);
-/* Releases a sequence's selection state (lib/attn/step.c). */
+KVT__HIDDEN bool kvt__step_is_open(const struct kvt_step *st);
+/* Makes sure a sequence can keep `cap` top-K pages per (layer, head)
+ * (lib/attn/step.c). */
+KVT__HIDDEN int kvt__seq_topk_reserve(const kvt_pool *p, kvt__seq *s, uint32_t cap);
 
 /* ---- selector (lib/select) ----------------------------------------------- */
 struct kvt_selector {

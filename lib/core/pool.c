@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include "internal.h"
+#include "../policy/policy_int.h"
 #include "../tier/tier.h"
 
 /* Sizes of the first released layouts (0.1): smaller struct_size values are
@@ -13,9 +14,12 @@
  * field keeps old callers working. */
 #define KVT__POOL_OPTS_V1 104u
 #define KVT__POOL_OPTS_V2 112u /* + mover */
+#define KVT__POOL_OPTS_V3 144u /* + policy, selector, target_tokens, target_seqs */
 #define KVT__POOL_STATS_V1 264u
 _Static_assert(offsetof(kvt_pool_opts, reserved0) + 4 == KVT__POOL_OPTS_V1, "pool opts v1");
 _Static_assert(offsetof(kvt_pool_opts, mover) + 8 == KVT__POOL_OPTS_V2, "pool opts v2");
+_Static_assert(offsetof(kvt_pool_opts, reserved1) + 4 == KVT__POOL_OPTS_V3 &&
+               sizeof(kvt_pool_opts) == KVT__POOL_OPTS_V3, "pool opts v3");
 _Static_assert(offsetof(kvt_stats, moved_requests) + 8 * KVT_NUM_DIRS == KVT__POOL_STATS_V1,
                "stats v1");
 
@@ -88,8 +92,25 @@ static int kvt__validate_opts(const kvt_pool_opts *o, kvt_pool *p)
     if (o->n_threads > 1024)
         return kvt__err(KVT_EINVAL, "opts->n_threads: %u is above the limit 1024",
                         o->n_threads);
-    if (o->device_bytes == 0)
-        return kvt__err(KVT_EINVAL, "opts->device_bytes: must be set (the device tier size)");
+    if (o->reserved1)
+        return kvt__err(KVT_EINVAL, "opts->reserved1: must be zero");
+    if (o->policy) {
+        int rc2 = kvt__geometry_same(&o->policy->g, &p->g, "opts->policy", "the policy",
+                                     "the pool");
+        if (rc2)
+            return rc2;
+        if (o->host_bytes == 0)
+            return kvt__err(KVT_EINVAL, "opts->policy: tiered placement needs a host tier "
+                            "(host_bytes), where stable heads' pages go");
+    }
+    if (o->selector) {
+        int rc2 = kvt__selector_match(o->selector, p);
+        if (rc2)
+            return rc2;
+    }
+    if (o->device_bytes == 0 && o->target_tokens == 0)
+        return kvt__err(KVT_EINVAL, "opts->device_bytes: must be set (the device tier size), "
+                        "or target_tokens to size it");
     if ((o->disk_bytes != 0) != (o->disk_dir != NULL))
         return kvt__err(KVT_EINVAL, "%s", o->disk_dir ? "opts->disk_bytes: 0 with disk_dir set"
                                                       : "opts->disk_dir: NULL with disk_bytes set");
@@ -118,9 +139,11 @@ KVT_API int kvt_pool_create(kvt_pool **out, const kvt_pool_opts *opts)
     rc = kvt__opts_copy(&o, sizeof o, opts, KVT__POOL_OPTS_V1, "opts");
     if (rc)
         return rc;
-    if (opts->struct_size > KVT__POOL_OPTS_V1 && opts->struct_size < KVT__POOL_OPTS_V2)
-        return kvt__err(KVT_EINVAL, "opts->struct_size: %u lies between the layouts of %u and "
-                        "%u bytes", opts->struct_size, KVT__POOL_OPTS_V1, KVT__POOL_OPTS_V2);
+    if ((opts->struct_size > KVT__POOL_OPTS_V1 && opts->struct_size < KVT__POOL_OPTS_V2) ||
+        (opts->struct_size > KVT__POOL_OPTS_V2 && opts->struct_size < KVT__POOL_OPTS_V3))
+        return kvt__err(KVT_EINVAL, "opts->struct_size: %u lies between the layouts of %u, %u "
+                        "and %u bytes", opts->struct_size, KVT__POOL_OPTS_V1,
+                        KVT__POOL_OPTS_V2, KVT__POOL_OPTS_V3);
 
     kvt_pool *p = calloc(1, sizeof *p);
     if (!p)
@@ -144,6 +167,15 @@ KVT_API int kvt_pool_create(kvt_pool **out, const kvt_pool_opts *opts)
         p->n_threads = n > 0 ? (uint32_t)n : 1u;
     }
 
+    if (o.device_bytes == 0) { /* sized from the targets */
+        kvt_pool_sizing sz = {.struct_size = sizeof sz};
+        rc = kvt_pool_sizing_get(&o, &sz);
+        if (rc)
+            goto fail;
+        o.device_bytes = sz.device_bytes;
+    }
+    p->pol = o.policy;
+    p->sel = o.selector;
     rc = kvt__blocks_for(o.device_bytes, p->block_bytes, "opts->device_bytes", &n_dev);
     if (rc)
         goto fail;
@@ -311,6 +343,14 @@ KVT_API int kvt_pool_stats(const kvt_pool *pool, kvt_stats *stats)
     }
     memcpy(s.moved_bytes, pool->moved_bytes, sizeof s.moved_bytes);
     memcpy(s.moved_requests, pool->moved_requests, sizeof s.moved_requests);
+    s.sel_pages = pool->pst.sel_pages;
+    s.sel_resident = pool->pst.sel_resident;
+    s.promoted_pages = pool->pst.promoted;
+    s.recycled_blocks = pool->pst.recycled;
+    s.evicted_pages = pool->pst.evicted;
+    s.offloaded_pages = pool->pst.offloaded;
+    s.reranked_heads = pool->pst.reranked;
+    s.paused_seqs = pool->pst.paused;
     memcpy(stats, &s, fill);
     return 0;
 }

@@ -57,6 +57,10 @@ void kvt__seq_fini(kvt__seq *s)
     free(s->imp);
     free(s->use);
     free(s->disk_ext);
+    free(s->off_next);
+    free(s->dlo);
+    free(s->dhi);
+    free(s->dstamp);
     uint32_t gen = s->gen;
     memset(s, 0, sizeof *s);
     s->gen = gen;
@@ -96,7 +100,11 @@ KVT_API int kvt_seq_create(kvt_pool *pool, const kvt_seq_opts *opts, kvt_seq_id 
     size_t lh = (size_t)pool->g.n_layers * pool->g.n_kv_heads;
     s->n_tokens = calloc(pool->g.n_layers, sizeof *s->n_tokens);
     s->acc = malloc(lh * 3u * pool->g.head_dim * sizeof(float));
-    if (!s->n_tokens || !s->acc) {
+    s->off_next = calloc(lh, sizeof *s->off_next);
+    s->dlo = calloc(lh, sizeof *s->dlo);
+    s->dhi = calloc(lh, sizeof *s->dhi);
+    s->dstamp = calloc(lh, sizeof *s->dstamp);
+    if (!s->n_tokens || !s->acc || !s->off_next || !s->dlo || !s->dhi || !s->dstamp) {
         kvt__seq_fini(s);
         return kvt__err(KVT_ENOMEM, "kvt_seq_create: cannot allocate the sequence state");
     }

@@ -147,8 +147,23 @@ static void *kvt__copy_thread(void *arg)
                    (size_t)p->block_bytes);
         }
         pthread_mutex_lock(&m->mu);
-        for (uint32_t i = 0; i < n; i++)
-            kvt__op_finish_locked(m, mine[i], 0, NULL);
+        bool io = false;
+        for (uint32_t i = 0; i < n; i++) {
+            kvt__op *op = mine[i];
+            if (op->iflags & KVT__OPF_CHAIN) {
+                /* Second hop: the host copy is written to the disk by the
+                 * I/O thread; the move finishes when that write does. */
+                op->kind = KVT__OP_WRITE;
+                op->src_tier = KVT_TIER_HOST;
+                op->src_blk = op->dst_blk;
+                kvt__q_push(&m->iq_head[1], &m->iq_tail[1], op);
+                io = true;
+                continue;
+            }
+            kvt__op_finish_locked(m, op, 0, NULL);
+        }
+        if (io)
+            pthread_cond_signal(&m->io_cv);
         kvt__wake_locked(m);
     }
     pthread_mutex_unlock(&m->mu);
@@ -264,13 +279,14 @@ static void kvt__moved(kvt_pool *p, uint32_t dir)
 }
 
 /* Drops the copy of page e in `tier` (another copy exists). */
-static void kvt__drop(kvt_pool *p, kvt__seq *s, size_t e, uint32_t tier)
+void kvt__page_drop(kvt_pool *p, kvt__seq *s, size_t e, uint32_t tier)
 {
     if (!(s->res[e] & (1u << tier)))
         return;
     if (tier == KVT_TIER_DEVICE) {
         kvt__arena_free(&p->tier[KVT_TIER_DEVICE], s->dev_block[e]);
         s->dev_block[e] = 0;
+        kvt__dirty(p, s, e / s->cap_pages, (uint32_t)(e % s->cap_pages));
     } else if (tier == KVT_TIER_HOST) {
         p->host_owner[s->host_block[e]].slot = UINT32_MAX;
         kvt__arena_free(&p->tier[KVT_TIER_HOST], s->host_block[e]);
@@ -290,6 +306,7 @@ static void kvt__apply_op(kvt_mover *m, kvt__op *op)
             switch (op->to) {
             case KVT_TIER_DEVICE:
                 s->dev_block[e] = op->dst_blk;
+                kvt__dirty(p, s, op->lh, op->page);
                 break;
             case KVT_TIER_HOST:
                 s->host_block[e] = op->dst_blk;
@@ -301,6 +318,14 @@ static void kvt__apply_op(kvt_mover *m, kvt__op *op)
             }
             s->res[e] |= (uint8_t)(1u << op->to);
             kvt__count(p, s, op->to, +1);
+            if (op->iflags & KVT__OPF_CHAIN) { /* the disk holds it too */
+                p->disk->crc[op->dslot] = op->crc;
+                s->res[e] |= KVT_RES_DISK;
+                kvt__count(p, s, KVT_TIER_DISK, +1);
+                kvt__moved(p, KVT_DIR_HOST_TO_DISK);
+            }
+            if (op->iflags & KVT__OPF_OFFLOAD)
+                p->pst.offloaded++;
             /* Disk <-> device moves pass through host staging: both hops count. */
             if (op->from == KVT_TIER_DISK)
                 kvt__moved(p, KVT_DIR_DISK_TO_HOST);
@@ -314,21 +339,39 @@ static void kvt__apply_op(kvt_mover *m, kvt__op *op)
                 s->use[e] = p->clock;
         }
         if (op->flags & KVT_MOVE_DROP_SOURCE)
-            kvt__drop(p, s, e, op->from);
-    } else if (op->dst_blk) {
-        kvt__arena_free(&p->tier[op->dst_tier], op->dst_blk);
+            kvt__page_drop(p, s, e, op->from);
+    } else {
+        if (op->dst_blk)
+            kvt__arena_free(&p->tier[op->dst_tier], op->dst_blk);
+        /* A failed copy-out is tried again by the next offload pass. */
+        if ((op->iflags & KVT__OPF_OFFLOAD) && s->off_next && op->page < s->off_next[op->lh])
+            s->off_next[op->lh] = op->page;
     }
     op->dst_blk = 0;
     s->res[e] &= (uint8_t)~KVT__RES_BUSY;
     s->busy--;
+    if (op->to == KVT_TIER_DEVICE)
+        s->reloading--;
     m->moves_in_flight--;
     kvt__batch *b = op->batch;
     if (b->results)
         b->results[op->idx] = op->status;
     if (op->status && !b->first_err)
         b->first_err = op->status;
-    if (++b->n_done == b->n)
+    if (++b->n_done == b->n) {
         m->batches_in_flight--;
+        if (b->detached) { /* nobody will ask for it */
+            kvt__batch **pp = &m->batches;
+            while (*pp && *pp != b)
+                pp = &(*pp)->next;
+            if (*pp) {
+                *pp = b->next;
+                if (m->batches_tail == &b->next)
+                    m->batches_tail = pp;
+                free(b);
+            }
+        }
+    }
 }
 
 static void kvt__apply_done(kvt_mover *m)
@@ -426,7 +469,7 @@ static void kvt__evict_host(kvt_mover *m, uint32_t want)
     for (uint32_t i = 0; i < batch; i++) {
         const kvt__owner o = p->host_owner[c[i].blk];
         kvt__seq *s = &p->seqs[o.slot];
-        kvt__drop(p, s, (size_t)o.lh * s->cap_pages + o.page, KVT_TIER_HOST);
+        kvt__page_drop(p, s, (size_t)o.lh * s->cap_pages + o.page, KVT_TIER_HOST);
         m->evictions++;
     }
 }
@@ -484,7 +527,9 @@ static void kvt__unbusy(kvt_pool *p, kvt__batch *b, uint32_t n)
         kvt__seq *s = &p->seqs[op->slot];
         s->res[(size_t)op->lh * s->cap_pages + op->page] &= (uint8_t)~KVT__RES_BUSY;
         s->busy--;
-        if (op->dst_blk)
+        if (op->to == KVT_TIER_DEVICE)
+            s->reloading--;
+        if (op->dst_blk && !(op->iflags & KVT__OPF_HANDED))
             kvt__arena_free(&p->tier[op->dst_tier], op->dst_blk);
         op->dst_blk = 0;
     }
@@ -498,6 +543,13 @@ static int kvt__op_cmp(const void *a, const void *b)
 
 KVT_API int kvt_mover_submit(kvt_mover *m, const kvt_move *moves, uint32_t n, uint32_t flags,
                              int32_t *results, kvt_fence *fence)
+{
+    return kvt__mover_submit(m, moves, n, flags, results, fence, NULL, 0);
+}
+
+int kvt__mover_submit(kvt_mover *m, const kvt_move *moves, uint32_t n, uint32_t flags,
+                      int32_t *results, kvt_fence *fence, const uint32_t *dst_dev,
+                      uint8_t iflags)
 {
     KVT__CHECK_NULL(fence);
     *fence = 0;
@@ -519,6 +571,7 @@ KVT_API int kvt_mover_submit(kvt_mover *m, const kvt_move *moves, uint32_t n, ui
     b->n = n;
     b->results = results;
     b->urgent = (flags & KVT_SUBMIT_URGENT) != 0;
+    b->detached = (iflags & KVT__OPF_DETACH) != 0;
 
     /* Pass 1: check every move and mark its page busy (a page twice in one
      * batch is then KVT_EBUSY). Nothing changes if any move is refused. */
@@ -542,9 +595,14 @@ KVT_API int kvt_mover_submit(kvt_mover *m, const kvt_move *moves, uint32_t n, ui
         op->from = (uint8_t)mv->from;
         op->to = (uint8_t)mv->to;
         op->flags = (uint8_t)mv->flags;
+        op->iflags = (uint8_t)(iflags & ~(KVT__OPF_HANDED | KVT__OPF_DETACH));
+        if (mv->to != KVT_TIER_HOST)
+            op->iflags &= (uint8_t)~KVT__OPF_CHAIN;
         const size_t e = (size_t)op->lh * s->cap_pages + op->page;
         s->res[e] |= KVT__RES_BUSY;
         s->busy++;
+        if (mv->to == KVT_TIER_DEVICE)
+            s->reloading++;
         if (s->res[e] & (1u << mv->to))
             op->kind = KVT__OP_NOP;
         else if (mv->from == KVT_TIER_DISK)
@@ -555,8 +613,10 @@ KVT_API int kvt_mover_submit(kvt_mover *m, const kvt_move *moves, uint32_t n, ui
             op->kind = KVT__OP_COPY;
         if (op->kind != KVT__OP_NOP) {
             need_host += mv->to == KVT_TIER_HOST;
-            need_dev += mv->to == KVT_TIER_DEVICE;
+            need_dev += mv->to == KVT_TIER_DEVICE && !(dst_dev && dst_dev[i]);
         }
+        if (op->kind != KVT__OP_COPY || op->from != KVT_TIER_DEVICE || !p->disk)
+            op->iflags &= (uint8_t)~KVT__OPF_CHAIN;
     }
 
     /* Pass 2: reserve destinations; the host tier first drops copies the
@@ -592,7 +652,15 @@ KVT_API int kvt_mover_submit(kvt_mover *m, const kvt_move *moves, uint32_t n, ui
         if (op->to == KVT_TIER_DISK) {
             /* The extent table grows with the block tables (kvt__seq_reserve). */
             rc = kvt__disk_slot_alloc(p, s, op->lh, op->page, &op->dslot);
+        } else if (op->to == KVT_TIER_DEVICE && dst_dev && dst_dev[i]) {
+            op->dst_tier = KVT_TIER_DEVICE; /* handed over by the caller */
+            op->dst_blk = dst_dev[i];
+            op->iflags |= KVT__OPF_HANDED;
         } else {
+            if (op->iflags & KVT__OPF_CHAIN)
+                rc = kvt__disk_slot_alloc(p, s, op->lh, op->page, &op->dslot);
+            if (rc)
+                break;
             op->dst_tier = op->to;
             op->dst_blk = kvt__arena_alloc(&p->tier[op->to]);
             if (!op->dst_blk) /* counted above; cannot happen */
@@ -769,6 +837,24 @@ KVT_API int kvt_mover_wait(kvt_mover *m, kvt_fence fence, uint64_t timeout_ns)
             return kvt__err(KVT_ETIMEDOUT, "fence %llu: still in flight after %llu ns",
                             (unsigned long long)fence, (unsigned long long)timeout_ns);
     }
+}
+
+void kvt__mover_apply(kvt_mover *m)
+{
+    if (m)
+        kvt__apply_done(m);
+}
+
+int kvt__mover_fence_done(kvt_mover *m, kvt_fence fence, int *code)
+{
+    kvt__apply_done(m);
+    return kvt__fence_state(m, fence, code);
+}
+
+int kvt__mover_fence_wait(kvt_mover *m, kvt_fence fence)
+{
+    int rc = kvt_mover_wait(m, fence, UINT64_MAX);
+    return rc == KVT_ETIMEDOUT ? 0 : rc;
 }
 
 void kvt__mover_drain_seq(kvt_mover *m, kvt__seq *s)

@@ -66,12 +66,23 @@ typedef struct kvt__op {
     uint32_t lh;
     uint8_t from, to, flags, kind;
     uint8_t src_tier, dst_tier;
+    uint8_t iflags;            /* KVT__OPF_* (placement's internal moves) */
     uint32_t src_blk;          /* memory block read by COPY / WRITE */
     uint32_t dst_blk;          /* memory block written by COPY / READ (reserved) */
     uint64_t dslot;            /* disk slot read or written */
     uint32_t crc;              /* WRITE: computed; READ: expected */
     int32_t status;
 } kvt__op;
+
+/* kvt__op.iflags */
+#define KVT__OPF_CHAIN   (1u << 0) /* device -> host, then host -> disk in one move */
+#define KVT__OPF_OFFLOAD (1u << 1) /* placement's copy-out: a failure rewinds the
+                                      head's offload cursor */
+#define KVT__OPF_PROMOTE (1u << 2) /* placement's promotion */
+#define KVT__OPF_HANDED  (1u << 3) /* dst_blk was handed over by the caller: a
+                                      refused submit leaves it to the caller */
+#define KVT__OPF_DETACH  (1u << 4) /* nobody waits for the fence: the batch record
+                                      is freed once every move is applied */
 
 typedef struct kvt__batch {
     struct kvt__batch *next;   /* the mover's list of unreported batches */
@@ -80,6 +91,7 @@ typedef struct kvt__batch {
     uint32_t n_fin;            /* finished by the threads (under mu) */
     int32_t first_err;
     bool urgent;
+    bool detached;             /* KVT__OPF_DETACH */
     int32_t *results;
     char msg[192];             /* the first failure, in words */
     kvt__op ops[];
@@ -166,6 +178,32 @@ static inline kvt__op *kvt__q_pop_io(kvt_mover *m, int q)
 }
 
 KVT__HIDDEN int kvt__mover_create(kvt_pool *p, const kvt_mover_opts *o);
+/* kvt_mover_submit with placement's extras: dst_dev[i] (when dst_dev is not
+ * NULL and the entry is not 0) is a device block the caller already took
+ * for move i (an evicted page's block, handed over without the free list);
+ * iflags (KVT__OPF_*) apply to every move of the batch. */
+KVT__HIDDEN int kvt__mover_submit(kvt_mover *m, const kvt_move *moves, uint32_t n,
+                                  uint32_t flags, int32_t *results, kvt_fence *fence,
+                                  const uint32_t *dst_dev, uint8_t iflags);
+/* ---- placement (place.c) ---------------------------------------------------
+ * Copies out, once, the full pages of the stable heads of seqs[n] (in
+ * `layer`, UINT32_MAX = all) that no other tier holds; waits when asked. */
+KVT__HIDDEN int kvt__place_offload(kvt_pool *p, kvt__seq *const *seqs, const kvt_seq_id *ids,
+                                   uint32_t n, uint32_t layer, bool wait);
+/* After a prefill append to `layer` (the sequence had tokens_before):
+ * offload and wait, then drop device copies stable heads do not keep. */
+KVT__HIDDEN int kvt__place_after_append(kvt_pool *p, kvt__seq *s, kvt_seq_id id,
+                                        uint32_t layer, uint32_t tokens_before);
+
+/* Drops the copy of page e of s in `tier` (another copy exists). */
+KVT__HIDDEN void kvt__page_drop(kvt_pool *p, kvt__seq *s, size_t e, uint32_t tier);
+/* Applies finished moves without waiting. */
+KVT__HIDDEN void kvt__mover_apply(kvt_mover *m);
+/* 1 when the batch of `fence` is complete (its first error in *code,
+ * reported once), 0 while in flight. */
+KVT__HIDDEN int kvt__mover_fence_done(kvt_mover *m, kvt_fence fence, int *code);
+/* Waits for the batch of `fence`; returns its first error (0 = none). */
+KVT__HIDDEN int kvt__mover_fence_wait(kvt_mover *m, kvt_fence fence);
 /* Waits for every queued move, stops the threads, frees everything. */
 KVT__HIDDEN void kvt__mover_destroy(kvt_mover *m);
 /* Waits until no move of the sequence is in flight, applying completions. */
