@@ -91,8 +91,9 @@ typedef struct kvt_policy_head_info {
     uint32_t struct_size;      /* sizeof(kvt_policy_head_info) */
     kvt_head_class head_class;
     uint32_t top_k_pages;
-    uint32_t window;           /* stored for the tiered placement (a later
-                                  release); the step plan selects top_k_pages */
+    uint32_t window;           /* a tiered pool keeps up to top_k_pages x
+                                  window pages on device (lookahead
+                                  eviction); the step selects top_k_pages */
     uint32_t sink_pages;
     uint32_t local_pages;
     uint32_t rerank_interval;

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "internal.h"
+#include "../policy/policy_int.h"
 #include "../tier/tier.h"
 
 static const char *const names[KVT_NUM_TIERS] = {"device tier", "host tier", "disk tier"};
@@ -111,6 +112,19 @@ static int kvt__check_seq(const kvt_pool *p, uint32_t si, kvt__mark *marks, kvt_
                     return kvt__err(KVT_EINTERNAL, "seq slot %u layer %u head %u page %u: "
                                     "unknown residency bits 0x%x", si, l, h, pg, r);
                 busy += (r & KVT__RES_BUSY) != 0;
+                /* Tiered placement: an unstable head keeps every page on
+                 * device, a stable head at least its forced pages. */
+                if (p->pol && !(r & KVT_RES_DEVICE)) {
+                    const size_t lh = kvt__lh(p, l, h);
+                    if (!kvt__stable(p, lh))
+                        return kvt__err(KVT_EINTERNAL, "seq slot %u layer %u head %u page %u: "
+                                        "an unstable head's page is off device", si, l, h, pg);
+                    if (kvt__forced(pg, n_pages, s->n_tokens[l], p->g.page_tokens,
+                                    p->pol->sink[lh], p->pol->local[lh]))
+                        return kvt__err(KVT_EINTERNAL, "seq slot %u layer %u head %u page %u: "
+                                        "a sink, local or last page is off device", si, l, h,
+                                        pg);
+                }
                 for (uint32_t t = 0; t < KVT_NUM_TIERS; t++)
                     if (r & (1u << t)) {
                         if (!kvt__has_tier(p, t))
