@@ -1,8 +1,11 @@
 /* kvtier-pool-demo: the end-to-end example of this release. It creates a
- * pool for a Llama-like KV geometry, prefills one long sequence layer by
- * layer from f32 activations (as an engine would), runs decode appends,
- * verifies the invariants and a sample of the stored data, and prints the
- * pool's stats and the append throughput.
+ * tiered pool for a Llama-like KV geometry (a quarter of the KV heads
+ * unstable, the rest stable with a 2048-token top-K; the device tier sized
+ * by kvt_pool_sizing_get, every page offloaded once to the host tier),
+ * prefills one long sequence layer by layer from f32 activations (as an
+ * engine would), warms it up from the last prompt queries, decodes with the
+ * fused rerank/recycle and sparse attention against a dense reference,
+ * verifies the invariants, and prints the pool's stats and throughput.
  *
  *   kvtier-pool-demo [--tokens N] [--layers L] [--kv-heads H] [--head-dim D]
  *                    [--page P] [--decode N] [--dtype f16|bf16|f32]
@@ -98,12 +101,37 @@ int main(int argc, char **argv)
     CHECK(kvt_geometry_block_bytes(&o.geom, &block_bytes));
     uint64_t total = (uint64_t)tokens + decode;
     uint64_t pages = (total + P - 1) / P * L * H;
-    /* Exactly enough, incl. the null block, plus one page per (layer, head):
-     * a step plan checks room for one more token, also for the last (dense
-     * reference) plan. */
-    o.device_bytes = (pages + 1 + (uint64_t)L * H) * block_bytes;
-    o.host_bytes = 0;
+    /* Tiered placement: a quarter of the KV heads (every fourth) unstable,
+     * keeping every page on device; the others stable, keeping their sink,
+     * local and last pages and a 2048-token top-K on device, reranked every
+     * 16 steps, with every full page offloaded once to the host tier. */
+    kvt_head_class *cls = calloc((size_t)L * H, sizeof *cls);
+    if (!cls)
+        return 1;
+    for (uint32_t i = 0; i < L * H; i++)
+        cls[i] = i % 4 == 0 ? KVT_HEAD_UNSTABLE : KVT_HEAD_STABLE;
+    kvt_policy_opts po;
+    kvt_policy_opts_init(&po);
+    po.top_k_pages = 2048 / P;
+    kvt_policy_heads ph = {.struct_size = sizeof ph, .n_heads = L * H, .head_class = cls};
+    kvt_policy *pol;
+    CHECK(kvt_policy_create_heads(&pol, &o.geom, &po, &ph));
+    kvt_selector *sel;
+    kvt_selector_opts so;
+    kvt_selector_opts_init(&so);
+    so.top_k_pages = 2048 / P;
+    CHECK(kvt_selector_create(&sel, &o.geom, &so));
+    o.policy = pol;
+    o.selector = sel;
+    /* The device tier is sized by the library for this context and policy
+     * (kvt_pool_sizing_get); the host tier holds every page. */
+    o.device_bytes = 0;
+    o.target_tokens = total + 1;
+    o.target_seqs = 1;
+    o.host_bytes = (pages + 1 + (uint64_t)L * H) * block_bytes;
     o.max_seq_tokens = (uint32_t)total + 1;
+    kvt_pool_sizing sz = {.struct_size = sizeof sz};
+    CHECK(kvt_pool_sizing_get(&o, &sz));
 
     kvt_pool *pool;
     kvt_seq_id seq;
@@ -134,15 +162,25 @@ int main(int argc, char **argv)
         progress("prefill", done, tokens);
     }
     double t_prefill = now_s() - t0;
+    /* Importance-guided warm-up: the queries of the last 16 prompt tokens
+     * (here random, like the keys) choose which pages start on device. */
+    {
+        const uint32_t n_obs = 16;
+        const size_t nq = (size_t)L * n_obs * 4 * H * D;
+        float *obs = malloc(nq * sizeof *obs);
+        if (!obs)
+            return 1;
+        for (size_t i = 0; i < nq; i++) {
+            rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+            obs[i] = (float)((int64_t)(rng >> 33) - (1ll << 30)) / (float)(1 << 29);
+        }
+        CHECK(kvt_seq_warmup(pool, seq, obs, n_obs));
+        free(obs);
+    }
     /* Decode: one step plan per token; per layer the engine appends the
      * token's K/V and attends over the selected pages (2048-token budget,
      * MINMAX scores, summed over the 4 query heads of each KV head). After
      * each step a dense step over the same cache gives the reference. */
-    kvt_selector *sel;
-    kvt_selector_opts so;
-    kvt_selector_opts_init(&so);
-    so.top_k_pages = 2048 / P;
-    CHECK(kvt_selector_create(&sel, &o.geom, &so));
     const size_t qn = (size_t)o.geom.n_q_heads * D;
     float *q = malloc(qn * sizeof *q), *out_s = malloc(qn * sizeof *out_s),
           *out_d = malloc(qn * sizeof *out_d);
@@ -154,8 +192,7 @@ int main(int argc, char **argv)
     uint64_t n_mass = 0;
     for (uint32_t s = 0; s < decode; s++) {
         kvt_step_opts sp;
-        kvt_step_opts_init(&sp);
-        sp.selector = sel;
+        kvt_step_opts_init(&sp); /* the pool's selector and policy */
         kvt_step *step;
         CHECK(kvt_step_plan(pool, &seq, 1, &sp, &step));
         for (uint32_t l = 0; l < L; l++) {
@@ -167,7 +204,8 @@ int main(int argc, char **argv)
             CHECK(kvt_append(step, l, k + (size_t)(s % chunk) * row, v + (size_t)(s % chunk) * row,
                              KVT_DTYPE_F32, 0));
             double t1 = now_s();
-            CHECK(kvt_attend(step, l, q, out_s, lse_s));
+            CHECK(kvt_rerank_recycle(step, l, q));
+            CHECK(kvt_sparse_decode(step, l, q, out_s, lse_s));
             double t2 = now_s();
             t_append += t1 - t0;
             t_sparse += t2 - t1;
@@ -191,7 +229,6 @@ int main(int argc, char **argv)
             }
         }
     }
-    kvt_selector_destroy(sel);
     free(q);
     free(out_s);
     free(out_d);
@@ -210,6 +247,19 @@ int main(int argc, char **argv)
            (double)st.tier[KVT_TIER_DEVICE].bytes_used / 1048576.0,
            (double)st.tier[KVT_TIER_DEVICE].bytes_total / 1048576.0,
            (unsigned long long)st.tier[KVT_TIER_DEVICE].pages);
+    printf("  vs dense: %.1f%% of the %.1f MiB a pool without placement needs (sized for %.1f%%); "
+           "host tier %.1f MiB, %llu pages offloaded once\n",
+           100.0 * (double)st.tier[KVT_TIER_DEVICE].bytes_used / (double)(sz.dense_bytes - block_bytes),
+           (double)(sz.dense_bytes - block_bytes) / 1048576.0,
+           100.0 * (double)sz.device_pages / (double)sz.dense_pages,
+           (double)st.tier[KVT_TIER_HOST].bytes_used / 1048576.0,
+           (unsigned long long)st.offloaded_pages);
+    printf("placement: %llu pages promoted host->device (%.1f MiB, %.2f per step), "
+           "%.1f%% of selected pages already on device\n",
+           (unsigned long long)st.promoted_pages,
+           (double)st.moved_bytes[KVT_DIR_HOST_TO_DEVICE] / 1048576.0,
+           (double)st.promoted_pages / (decode ? decode : 1),
+           100.0 * (double)st.sel_resident / (double)(st.sel_pages ? st.sel_pages : 1));
     printf("metadata store: %llu pages described, %.1f MiB (min/max/mean keys per page)\n",
            (unsigned long long)st.meta_pages_used, (double)st.meta_bytes_total / 1048576.0);
     printf("prefill append: %.3f s, %.2f GB/s of KV written (f32 -> storage dtype)\n",
@@ -217,7 +267,7 @@ int main(int argc, char **argv)
     printf("decode append: %.1f us per token for all %u layers\n",
            t_append * 1e6 / (decode ? decode : 1), L);
     if (decode) {
-        printf("decode attention (kvt_attend, %s, %u threads): sparse %.3f ms/layer "
+        printf("decode attention (rerank/recycle + sparse decode, %s, %u threads): sparse %.3f ms/layer "
                "(2048-token budget), dense %.3f ms/layer (last layer of each step)\n",
                kvt_pool_kernel_isa(pool), (unsigned)sysconf(_SC_NPROCESSORS_ONLN), t_sparse * 1e3 / ((double)decode * L),
                t_dense * 1e3 / decode);
@@ -229,5 +279,8 @@ int main(int argc, char **argv)
     free(k);
     free(v);
     kvt_pool_destroy(pool);
+    kvt_selector_destroy(sel);
+    kvt_policy_destroy(pol);
+    free(cls);
     return 0;
 }

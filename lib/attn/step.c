@@ -239,10 +239,13 @@ static void kvt__promote_bound(const kvt_pool *p, const kvt__seq *s, const uint3
                 const uint8_t r = s->res[lh * s->cap_pages + pg];
                 const bool f = kvt__forced(pg, np, tokens + 1u, P, sink, local);
                 forced += f;
-                if (!(r & KVT_RES_DEVICE))
+                if (!(r & (KVT_RES_DEVICE | KVT__RES_INBOUND)))
                     continue;
                 dev++;
-                if (!f && ((r & KVT__RES_BUSY) || !(r & (KVT_RES_HOST | KVT_RES_DISK))))
+                /* Pages arriving count as resident (the recycle waits for
+                 * them), not as stuck. */
+                if (!f && !(r & KVT__RES_INBOUND) &&
+                    ((r & KVT__RES_BUSY) || !(r & (KVT_RES_HOST | KVT_RES_DISK))))
                     stuck++;
             }
             const uint64_t kw = (uint64_t)ak[lh] * p->pol->window[lh];

@@ -234,6 +234,9 @@ typedef struct kvt__seq {
 
 /* Internal residency bit: a move of the page is in flight (never reported). */
 #define KVT__RES_BUSY 0x80u
+/* Internal residency bit: the move in flight brings the page to the device
+ * tier (its block is reserved). */
+#define KVT__RES_INBOUND 0x40u
 #define KVT__RES_TIERS (KVT_RES_DEVICE | KVT_RES_HOST | KVT_RES_DISK)
 
 /* Which page owns a host block (for eviction); slot UINT32_MAX = none. */

@@ -348,7 +348,7 @@ static void kvt__apply_op(kvt_mover *m, kvt__op *op)
             s->off_next[op->lh] = op->page;
     }
     op->dst_blk = 0;
-    s->res[e] &= (uint8_t)~KVT__RES_BUSY;
+    s->res[e] &= (uint8_t)~(KVT__RES_BUSY | KVT__RES_INBOUND);
     s->busy--;
     if (op->to == KVT_TIER_DEVICE)
         s->reloading--;
@@ -525,7 +525,8 @@ static void kvt__unbusy(kvt_pool *p, kvt__batch *b, uint32_t n)
     for (uint32_t i = 0; i < n; i++) {
         kvt__op *op = &b->ops[i];
         kvt__seq *s = &p->seqs[op->slot];
-        s->res[(size_t)op->lh * s->cap_pages + op->page] &= (uint8_t)~KVT__RES_BUSY;
+        s->res[(size_t)op->lh * s->cap_pages + op->page] &=
+            (uint8_t)~(KVT__RES_BUSY | KVT__RES_INBOUND);
         s->busy--;
         if (op->to == KVT_TIER_DEVICE)
             s->reloading--;
@@ -601,8 +602,10 @@ int kvt__mover_submit(kvt_mover *m, const kvt_move *moves, uint32_t n, uint32_t 
         const size_t e = (size_t)op->lh * s->cap_pages + op->page;
         s->res[e] |= KVT__RES_BUSY;
         s->busy++;
-        if (mv->to == KVT_TIER_DEVICE)
+        if (mv->to == KVT_TIER_DEVICE) {
             s->reloading++;
+            s->res[e] |= KVT__RES_INBOUND;
+        }
         if (s->res[e] & (1u << mv->to))
             op->kind = KVT__OP_NOP;
         else if (mv->from == KVT_TIER_DISK)
