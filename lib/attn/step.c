@@ -643,8 +643,9 @@ KVT_API int kvt_step_finish(kvt_step *st)
          * step's buffers); then the pages that filled go out once. */
         for (uint32_t i = 0; i < st->n; i++) {
             if (st->fpend[i]) {
+                const uint64_t was = st->pool->pst.paused;
                 kvt__settle(st, i);
-                st->pool->pst.paused--; /* not a decode that waited */
+                st->pool->pst.paused = was; /* not a decode that waited */
             }
         }
         rc = kvt__place_offload(st->pool, st->seqs, st->ids, st->n, UINT32_MAX, false);
@@ -861,10 +862,14 @@ static void kvt__settle(kvt_step *st, uint32_t i)
 {
     if (!st->fpend[i])
         return;
-    st->fcode[i] = kvt__mover_fence_wait(st->pool->mover, st->fence[i]);
+    int code = 0;
+    if (!kvt__mover_fence_done(st->pool->mover, st->fence[i], &code)) {
+        code = kvt__mover_fence_wait(st->pool->mover, st->fence[i]);
+        st->pool->pst.paused++; /* the sequence really waited */
+    }
+    st->fcode[i] = code;
     st->fpend[i] = 0;
     st->fence[i] = 0;
-    st->pool->pst.paused++;
 }
 
 /* The selection's residency stats, then the fused recycle of every due
@@ -881,7 +886,6 @@ static int kvt__recycle(kvt_step *st, uint32_t layer)
     int rc = 0;
     for (uint32_t i = 0; i < st->n && !rc; i++) {
         kvt__seq *s = st->seqs[i];
-        kvt__settle(st, i);
         st->fcode[i] = 0;
         st->pm_off[i] = (uint32_t)k;
         st->pm_cnt[i] = 0;
@@ -1001,11 +1005,14 @@ static int kvt__recycle(kvt_step *st, uint32_t layer)
         }
         if (rc) {
             /* Nothing of this sequence was submitted: its handed blocks go
-             * back, and its heads of this layer rescore at the next step. */
+             * back. It and the sequences not reached hold selections whose
+             * pages are not all on device: their heads of this layer
+             * rescore at the next step. */
             for (uint32_t x = off; x < off + cnt; x++)
                 kvt__arena_free(dev, st->pmdst[x]);
-            for (uint32_t h = 0; h < H && s->topk_k; h++)
-                s->topk_k[kvt__lh(p, layer, h)] = 0;
+            for (uint32_t j = i; j < st->n; j++)
+                for (uint32_t h = 0; h < H && st->seqs[j]->topk_k; h++)
+                    st->seqs[j]->topk_k[kvt__lh(p, layer, h)] = 0;
         }
     }
     if (rc)
@@ -1034,6 +1041,23 @@ static int kvt__select(kvt_step *st, uint32_t layer, const float *q)
     if (off > st->cap_sel)
         return kvt__err(KVT_EINTERNAL, "step: selection needs %zu entries, the plan sized %zu",
                         off, st->cap_sel);
+    if (st->tiered) {
+        /* Pages still arriving (warm-up, or a layer whose decode never ran)
+         * land first. If some did not, the sequence's reused selections may
+         * name pages off device: all its heads rescore. */
+        for (uint32_t i = 0; i < st->n; i++) {
+            kvt__settle(st, i);
+            if (st->fcode[i]) {
+                kvt__seq *s = st->seqs[i];
+                for (size_t b = 0; b < (size_t)st->L * st->H; b++) {
+                    st->due[(size_t)i * st->L * st->H + b] = 1;
+                    if (s->topk_k)
+                        s->topk_k[b] = 0;
+                }
+                st->fcode[i] = 0;
+            }
+        }
+    }
     st->layer = layer;
     st->q = q;
     st->sel_layer = KVT__NO_LAYER;

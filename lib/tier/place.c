@@ -65,12 +65,19 @@ KVT_API int kvt_pool_sizing_get(const kvt_pool_opts *opts, kvt_pool_sizing *out)
     kvt_pool_sizing r;
     memset(&r, 0, sizeof r);
     r.struct_size = out->struct_size;
-    r.device_pages = S * dev;
-    r.dense_pages = S * nlh * np;
-    r.device_bytes = (r.device_pages + 1u) * block;
-    r.dense_bytes = (r.dense_pages + 1u) * block;
-    r.host_bytes = (S * stable * (T / P) + 1u) * block;
-    r.meta_bytes = S * nlh * np * meta;
+    /* S <= 2^32, nlh <= 2^32 heads and np <= 2^30 pages: the page counts
+     * may pass 2^64 only through S * nlh * np; check every product. */
+    uint64_t hp, dn;
+    if (!kvt__mul_u64(S, dev, &r.device_pages) || !kvt__mul_u64(S, nlh, &hp) ||
+        !kvt__mul_u64(hp, np, &r.dense_pages) || !kvt__mul_u64(r.dense_pages + 1u, block, &dn) ||
+        !kvt__mul_u64(r.dense_pages, meta, &r.meta_bytes) ||
+        !kvt__mul_u64(S * stable, T / P, &r.host_bytes) ||
+        !kvt__mul_u64(r.host_bytes + 1u, block, &r.host_bytes))
+        return kvt__err(KVT_EOVERFLOW, "opts->target_seqs: %llu sequences of %llu tokens "
+                        "overflow 64-bit byte counts", (unsigned long long)S,
+                        (unsigned long long)T);
+    r.dense_bytes = dn;
+    r.device_bytes = (r.device_pages + 1u) * block; /* <= dense_bytes */
     memcpy(out, &r, fill);
     return 0;
 }
@@ -130,6 +137,19 @@ static int kvt__offload_collect(kvt_pool *p, kvt__seq *s, kvt_seq_id id, uint32_
     return 0;
 }
 
+/* Puts the offload cursors back to the pages of moves not submitted. */
+static void kvt__offload_rewind(kvt_pool *p, const kvt__mvbuf *b)
+{
+    for (uint32_t i = 0; i < b->n; i++) {
+        kvt__seq *s;
+        if (kvt__seq_lookup(p, b->mv[i].seq, &s) == 0) {
+            const size_t lh = kvt__lh(p, b->mv[i].layer, b->mv[i].kv_head);
+            if (b->mv[i].page < s->off_next[lh])
+                s->off_next[lh] = b->mv[i].page;
+        }
+    }
+}
+
 /* Submits a copy-out batch: device -> host (and on to the disk when the
  * pool has one); when the host cannot take it, device -> disk alone. On
  * refusal the heads' cursors go back so a later pass tries again. */
@@ -146,16 +166,8 @@ static int kvt__offload_submit(kvt_pool *p, kvt__mvbuf *b, bool detach, kvt_fenc
             b->mv[i].to = KVT_TIER_DISK;
         rc = kvt__mover_submit(p->mover, b->mv, b->n, 0, NULL, fence, NULL, f);
     }
-    if (rc) {
-        for (uint32_t i = 0; i < b->n; i++) {
-            kvt__seq *s;
-            if (kvt__seq_lookup(p, b->mv[i].seq, &s) == 0) {
-                const size_t lh = kvt__lh(p, b->mv[i].layer, b->mv[i].kv_head);
-                if (b->mv[i].page < s->off_next[lh])
-                    s->off_next[lh] = b->mv[i].page;
-            }
-        }
-    }
+    if (rc)
+        kvt__offload_rewind(p, b);
     return rc;
 }
 
@@ -174,7 +186,9 @@ int kvt__place_offload(kvt_pool *p, kvt__seq *const *seqs, const kvt_seq_id *ids
         rc = kvt__offload_collect(p, s, ids[i], layer, &b);
     }
     kvt_fence f = 0;
-    if (!rc)
+    if (rc)
+        kvt__offload_rewind(p, &b); /* what was collected was not submitted */
+    else
         rc = kvt__offload_submit(p, &b, !wait, &f);
     free(b.mv);
     if (!rc && wait && f)
