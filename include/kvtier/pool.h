@@ -109,8 +109,8 @@ typedef struct kvt_pool_sizing {
 
 /* Computes the sizes for opts->target_tokens and opts->target_seqs (0 = 1)
  * under opts->policy (NULL: every page on device) and opts->geom. Needs no
- * pool; opts is checked as kvt_pool_create checks it, except that
- * device_bytes may be 0. */
+ * pool; reads only those fields (the geometry, the policy's geometry and
+ * target_tokens, 1..KVT_MAX_SEQ_TOKENS_LIMIT, are checked). */
 KVT_API int kvt_pool_sizing_get(const kvt_pool_opts *opts, kvt_pool_sizing *out);
 
 /* Creates a pool. Allocates the device tier (a DRAM arena on the CPU
