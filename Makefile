@@ -203,7 +203,8 @@ TEST_CFLAGS = -std=c11 -D_GNU_SOURCE -Iinclude -Ilib/core $(WARN) -Wno-conversio
               -DKVT_TEST_EXPECT_CUDA=$(CUDA) \
               $(SANFLAGS) $(CMOCKA_CFLAGS) $(CFLAGS)
 
-$(addprefix $(O)/tests/,$(TESTS_SHARED)): $(O)/tests/%: tests/%.c tests/testutil.h tests/tiertest.h $(LIB_SO)
+$(addprefix $(O)/tests/,$(TESTS_SHARED)): $(O)/tests/%: tests/%.c tests/testutil.h tests/tiertest.h \
+                                           tests/placetest.h $(LIB_SO)
 	@mkdir -p $(dir $@)
 	$(CC) $(TEST_CFLAGS) $(TEST_EXTRA) $< -o $@ -L$(O)/lib -lkvtier \
 	  -Wl,-rpath,'$$ORIGIN/../lib' $(CMOCKA_LIBS) $(LDFLAGS) -lm
@@ -213,7 +214,7 @@ $(addprefix $(O)/tests/,$(TESTS_STATIC)): $(O)/tests/%: tests/%.c tests/testutil
 	$(CC) $(TEST_CFLAGS) $< -o $@ $(LIB_A) $(CMOCKA_LIBS) $(LIB_LDLIBS) $(LDFLAGS)
 
 $(addprefix $(O)/tests/,$(TESTS_FAULT)): $(O)/tests/%: tests/%.c tests/testutil.h tests/tiertest.h \
-                                          $(O)/lib/libkvtier-fault.a
+                                          tests/placetest.h $(O)/lib/libkvtier-fault.a
 	@mkdir -p $(dir $@)
 	$(CC) $(TEST_CFLAGS) -DKVT_FAULT_INJECTION $< -o $@ $(O)/lib/libkvtier-fault.a $(CMOCKA_LIBS) \
 	  $(LIB_LDLIBS) $(LDFLAGS)

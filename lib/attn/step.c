@@ -72,6 +72,8 @@ struct kvt_step {
     kvt_fence *fence;         /* [n] promotions in flight (0 = none) */
     int32_t *fcode;           /* [n] their outcome once reported */
     uint8_t *fpend;           /* [n] 1 = fence not yet reported */
+    kvt_fence *wf;            /* [n] warm-up's promotions in flight (0 = none) */
+    int32_t *wcode;           /* [n] their outcome once reported */
     uint32_t *pm_off, *pm_cnt; /* [n] the sequence's moves in pm */
     size_t cap_pm;
     kvt_move *pm;             /* [cap_pm] promotions of the current layer */
@@ -115,6 +117,8 @@ void kvt__step_free(struct kvt_step *st)
     free(st->fence);
     free(st->fcode);
     free(st->fpend);
+    free(st->wf);
+    free(st->wcode);
     free(st->pm_off);
     free(st->pm_cnt);
     free(st->pm);
@@ -126,7 +130,9 @@ void kvt__step_free(struct kvt_step *st)
     free(st);
 }
 
-static void kvt__settle(kvt_step *st, uint32_t i);
+static void kvt__settle(kvt_step *st, uint32_t i, bool count);
+static bool kvt__pending(kvt_step *st, uint32_t i);
+static void kvt__fail_reset(kvt_step *st, uint32_t i);
 
 bool kvt__step_is_open(const struct kvt_step *st)
 {
@@ -466,6 +472,8 @@ KVT_API int kvt_step_plan(kvt_pool *pool, const kvt_seq_id *seqs, uint32_t n_seq
         KVT__REALLOC(fence, n_seqs);
         KVT__REALLOC(fcode, n_seqs);
         KVT__REALLOC(fpend, n_seqs);
+        KVT__REALLOC(wf, n_seqs);
+        KVT__REALLOC(wcode, n_seqs);
         KVT__REALLOC(pm_off, n_seqs);
         KVT__REALLOC(pm_cnt, n_seqs);
         KVT__REALLOC(failed, n_seqs);
@@ -580,8 +588,10 @@ KVT_API int kvt_step_plan(kvt_pool *pool, const kvt_seq_id *seqs, uint32_t n_seq
     }
     for (uint32_t i = 0; i < n_seqs; i++) {
         /* Warm-up's promotions still in flight make the sequence not ready. */
-        st->fence[i] = tiered ? ss[i]->wfence : 0;
-        st->fpend[i] = st->fence[i] != 0;
+        st->wf[i] = tiered ? ss[i]->wfence : 0;
+        st->wcode[i] = 0;
+        st->fence[i] = 0;
+        st->fpend[i] = 0;
         st->fcode[i] = 0;
         st->failed[i] = 0;
         st->pm_cnt[i] = 0;
@@ -642,11 +652,8 @@ KVT_API int kvt_step_finish(kvt_step *st)
         /* Nothing of the step may stay in flight (the moves write into the
          * step's buffers); then the pages that filled go out once. */
         for (uint32_t i = 0; i < st->n; i++) {
-            if (st->fpend[i]) {
-                const uint64_t was = st->pool->pst.paused;
-                kvt__settle(st, i);
-                st->pool->pst.paused = was; /* not a decode that waited */
-            }
+            kvt__settle(st, i, false);
+            kvt__fail_reset(st, i);
         }
         rc = kvt__place_offload(st->pool, st->seqs, st->ids, st->n, UINT32_MAX, false);
     }
@@ -670,14 +677,7 @@ KVT_API int kvt_step_ready(kvt_step *st, uint32_t seq_index, uint32_t *ready)
         return kvt__err(KVT_EINVAL, "seq_index: %u >= the plan's %u sequences", seq_index,
                         st->n);
     KVT__CHECK_NULL(ready);
-    int code = 0;
-    if (st->tiered && st->fpend[seq_index] &&
-        kvt__mover_fence_done(st->pool->mover, st->fence[seq_index], &code)) {
-        st->fpend[seq_index] = 0;
-        st->fence[seq_index] = 0;
-        st->fcode[seq_index] = code;
-    }
-    *ready = st->tiered ? !st->fpend[seq_index] : 1u;
+    *ready = st->tiered ? !kvt__pending(st, seq_index) : 1u;
     return 0;
 }
 
@@ -858,18 +858,58 @@ static int kvt__step_record(kvt_step *st, uint32_t layer)
 
 /* Waits for the promotions of sequence i still in flight (from warm-up, or
  * from a layer whose decode never ran) and records their outcome. */
-static void kvt__settle(kvt_step *st, uint32_t i)
+/* After failed promotions of sequence i: the heads whose pages did not
+ * arrive rescore at the next step (for warm-up's, which heads is not known:
+ * all of them). Clears the recorded outcomes. */
+static void kvt__fail_reset(kvt_step *st, uint32_t i)
 {
-    if (!st->fpend[i])
-        return;
+    kvt__seq *s = st->seqs[i];
+    if (s->topk_k && st->fcode[i])
+        for (uint32_t x = st->pm_off[i]; x < st->pm_off[i] + st->pm_cnt[i]; x++)
+            if (st->pmres[x])
+                s->topk_k[kvt__lh(st->pool, st->pm[x].layer, st->pm[x].kv_head)] = 0;
+    if (s->topk_k && st->wcode[i])
+        memset(s->topk_k, 0, (size_t)st->L * st->H * sizeof *s->topk_k);
+    st->fcode[i] = 0;
+    st->wcode[i] = 0;
+}
+
+static bool kvt__pending(kvt_step *st, uint32_t i)
+{
+    kvt_mover *m = st->pool->mover;
     int code = 0;
-    if (!kvt__mover_fence_done(st->pool->mover, st->fence[i], &code)) {
-        code = kvt__mover_fence_wait(st->pool->mover, st->fence[i]);
-        st->pool->pst.paused++; /* the sequence really waited */
+    if (st->wf[i] && kvt__mover_fence_done(m, st->wf[i], &code)) {
+        st->wf[i] = 0;
+        st->wcode[i] = st->wcode[i] ? st->wcode[i] : code;
     }
-    st->fcode[i] = code;
-    st->fpend[i] = 0;
-    st->fence[i] = 0;
+    if (st->fpend[i] && kvt__mover_fence_done(m, st->fence[i], &code)) {
+        st->fpend[i] = 0;
+        st->fence[i] = 0;
+        st->fcode[i] = code;
+    }
+    return st->wf[i] || st->fpend[i];
+}
+
+/* Waits until no page of sequence i is on its way to the device (warm-up's
+ * and this layer's promotions), recording the outcomes; `count`: a decode
+ * that waited (kvt_stats.paused_seqs). */
+static void kvt__settle(kvt_step *st, uint32_t i, bool count)
+{
+    if (!kvt__pending(st, i))
+        return;
+    kvt_mover *m = st->pool->mover;
+    if (st->wf[i]) {
+        int code = kvt__mover_fence_wait(m, st->wf[i]);
+        st->wcode[i] = st->wcode[i] ? st->wcode[i] : code;
+        st->wf[i] = 0;
+    }
+    if (st->fpend[i]) {
+        st->fcode[i] = kvt__mover_fence_wait(m, st->fence[i]);
+        st->fpend[i] = 0;
+        st->fence[i] = 0;
+    }
+    if (count)
+        st->pool->pst.paused++;
 }
 
 /* The selection's residency stats, then the fused recycle of every due
@@ -916,6 +956,8 @@ static int kvt__recycle(kvt_step *st, uint32_t layer)
                 uint8_t r = s->res[e];
                 if (selected) {
                     ntop += !forced;
+                    if (r & KVT__RES_INBOUND)
+                        continue; /* on its way (warm-up); the decode waits for it */
                     if (!(r & KVT_RES_DEVICE) && (r & KVT__RES_BUSY)) {
                         /* Moving between other tiers: let it land first. */
                         kvt__mover_drain_seq(p->mover, s);
@@ -1041,23 +1083,15 @@ static int kvt__select(kvt_step *st, uint32_t layer, const float *q)
     if (off > st->cap_sel)
         return kvt__err(KVT_EINTERNAL, "step: selection needs %zu entries, the plan sized %zu",
                         off, st->cap_sel);
-    if (st->tiered) {
-        /* Pages still arriving (warm-up, or a layer whose decode never ran)
-         * land first. If some did not, the sequence's reused selections may
-         * name pages off device: all its heads rescore. */
-        for (uint32_t i = 0; i < st->n; i++) {
-            kvt__settle(st, i);
-            if (st->fcode[i]) {
-                kvt__seq *s = st->seqs[i];
-                for (size_t b = 0; b < (size_t)st->L * st->H; b++) {
-                    st->due[(size_t)i * st->L * st->H + b] = 1;
-                    if (s->topk_k)
-                        s->topk_k[b] = 0;
-                }
-                st->fcode[i] = 0;
+    if (st->tiered)
+        for (uint32_t i = 0; i < st->n; i++)
+            if (st->fpend[i]) { /* a layer whose decode never ran: its moves land first */
+                kvt__settle(st, i, false);
+                const int32_t w = st->wcode[i]; /* warm-up's outcome stays for the decode */
+                st->wcode[i] = 0;
+                kvt__fail_reset(st, i);
+                st->wcode[i] = w;
             }
-        }
-    }
     st->layer = layer;
     st->q = q;
     st->sel_layer = KVT__NO_LAYER;
@@ -1230,24 +1264,16 @@ KVT_API int kvt_sparse_decode(kvt_step *st, uint32_t layer, const float *q, floa
     } else {
         /* Round 0: sequences whose promotions have landed; round 1: the
          * others, each once its copies are in; round 2: failed copies. */
-        kvt_pool *p = st->pool;
         uint8_t *rnd = st->failed;
-        for (uint32_t i = 0; i < st->n; i++) {
-            int code = 0;
-            if (st->fpend[i] && kvt__mover_fence_done(p->mover, st->fence[i], &code)) {
-                st->fpend[i] = 0;
-                st->fence[i] = 0;
-                st->fcode[i] = code;
-            }
-            rnd[i] = st->fpend[i] ? 1 : st->fcode[i] ? 2 : 0;
-        }
+        for (uint32_t i = 0; i < st->n; i++)
+            rnd[i] = kvt__pending(st, i) ? 1 : (st->fcode[i] || st->wcode[i]) ? 2 : 0;
         if ((rc = kvt__dec_round(st, rnd, 0)))
             return rc;
         bool waited = false;
         for (uint32_t i = 0; i < st->n; i++)
             if (rnd[i] == 1) {
-                kvt__settle(st, i);
-                rnd[i] = st->fcode[i] ? 2 : 1;
+                kvt__settle(st, i, true);
+                rnd[i] = (st->fcode[i] || st->wcode[i]) ? 2 : 1;
                 waited = true;
             }
         if (waited && (rc = kvt__dec_round(st, rnd, 1)))
@@ -1259,20 +1285,16 @@ KVT_API int kvt_sparse_decode(kvt_step *st, uint32_t layer, const float *q, floa
                 continue;
             /* The heads whose pages did not arrive rescore at the next step;
              * this layer's output of the sequence is not computed. */
-            kvt__seq *s = st->seqs[i];
-            for (uint32_t x = st->pm_off[i]; x < st->pm_off[i] + st->pm_cnt[i]; x++)
-                if (st->pmres[x] && s->topk_k)
-                    s->topk_k[kvt__lh(p, layer, st->pm[x].kv_head)] = 0;
+            if (!first) {
+                first = st->fcode[i] ? st->fcode[i] : st->wcode[i];
+                bad = i;
+            }
+            kvt__fail_reset(st, i);
             memset(out + (size_t)i * st->Hq * st->D, 0,
                    (size_t)st->Hq * st->D * sizeof *out);
             if (lse)
                 for (uint32_t g = 0; g < st->Hq; g++)
                     lse[(size_t)i * st->Hq + g] = -INFINITY;
-            if (!first) {
-                first = st->fcode[i];
-                bad = i;
-            }
-            st->fcode[i] = 0;
         }
         for (uint32_t i = 0; i < st->n; i++)
             rnd[i] = 0;

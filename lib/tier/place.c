@@ -22,6 +22,7 @@ bool kvt__stable(const kvt_pool *p, size_t lh)
 KVT_API int kvt_pool_sizing_get(const kvt_pool_opts *opts, kvt_pool_sizing *out)
 {
     KVT__CHECK_NULL(opts);
+    KVT__CHECK_NULL(out);
     size_t fill;
     int rc = kvt__out_struct(out, sizeof *out, sizeof *out, "out", &fill);
     if (rc)
