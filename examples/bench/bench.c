@@ -982,6 +982,8 @@ int main(int argc, char **argv)
 {
     if (argc > 1 && strcmp(argv[1], "io") == 0)
         return bench_io_main(argc - 1, argv + 1);
+    if (argc > 1 && strcmp(argv[1], "tier") == 0)
+        return bench_tier_main(argc - 1, argv + 1);
     bench_opts o;
     parse_args(argc, argv, &o);
     double t_start = bench_now();

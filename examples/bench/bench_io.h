@@ -1,11 +1,15 @@
-/* kvtier-bench: the io subcommand's entry point and helpers shared by both
- * subcommands. io: the disk tier's page reads against a plain io_uring
- * reader of the same file (bench_io.c; see examples/bench/README.md). */
+/* kvtier-bench: the io and tier subcommands' entry points and helpers shared
+ * by the subcommands. io: the disk tier's page reads against a plain io_uring
+ * reader of the same file (bench_io.c); tier: the tiered placement's decode
+ * loop (bench_tier.c). See examples/bench/README.md. */
 #ifndef KVTIER_BENCH_IO_H
 #define KVTIER_BENCH_IO_H
 
 /* argv[0] is "io"; returns the process exit status. */
 int bench_io_main(int argc, char **argv);
+/* argv[0] is "tier": the tiered placement's decode loop (bench_tier.c);
+ * returns the process exit status. */
+int bench_tier_main(int argc, char **argv);
 
 /* Helpers both subcommands use. */
 #include <stdio.h>

@@ -100,9 +100,12 @@ typedef struct kvt_pool_sizing {
                                    page of every head), plus the null block */
     uint64_t host_bytes;        /* a host tier holding every page stable heads
                                    offload (no disk tier), plus the null block */
-    uint64_t meta_bytes;        /* the metadata store (device tier, beside
-                                   the blocks; the same with or without
-                                   placement) */
+    uint64_t meta_bytes;        /* the metadata the pages use (device tier,
+                                   beside the blocks; the same with or
+                                   without placement). The store reserves
+                                   address space for a slot per block of
+                                   every tier (kvt_stats.meta_bytes_total)
+                                   but only used slots take memory */
     uint64_t device_pages;      /* blocks of device_bytes, null block excluded */
     uint64_t dense_pages;       /* blocks of dense_bytes, null block excluded */
 } kvt_pool_sizing;
