@@ -222,14 +222,15 @@ static int kvt__evc_desc(const void *a, const void *b)
  * heads may take beyond the blocks they give back, and to *pm the moves it
  * may issue. After a rerank a head keeps its forced pages, at most K x
  * window others, and the pages it cannot evict (no complete copy elsewhere
- * or a move in flight); one more page leaves the local window with the
- * step's token. */
+ * or a move in flight); one more page may leave the local window with the
+ * step's token and not be evictable yet (the new page itself is counted
+ * with the appends). */
 static void kvt__promote_bound(const kvt_pool *p, const kvt__seq *s, const uint32_t *ak,
                                const uint32_t *aiv, uint64_t *need, uint64_t *pm)
 {
     const uint32_t L = p->g.n_layers, H = p->g.n_kv_heads, P = p->g.page_tokens;
     for (uint32_t l = 0; l < L; l++) {
-        const uint32_t tokens = s->n_tokens[l], np = kvt__pages_for(p, tokens + 1u);
+        const uint32_t tokens = s->n_tokens[l], np = kvt__pages_for(p, tokens);
         for (uint32_t h = 0; h < H; h++) {
             const size_t lh = kvt__lh(p, l, h);
             if (!kvt__stable(p, lh))
@@ -243,7 +244,7 @@ static void kvt__promote_bound(const kvt_pool *p, const kvt__seq *s, const uint3
             uint64_t dev = 0, stuck = 0, forced = 0;
             for (uint32_t pg = 0; pg < np; pg++) {
                 const uint8_t r = s->res[lh * s->cap_pages + pg];
-                const bool f = kvt__forced(pg, np, tokens + 1u, P, sink, local);
+                const bool f = kvt__forced(pg, np, tokens, P, sink, local);
                 forced += f;
                 if (!(r & (KVT_RES_DEVICE | KVT__RES_INBOUND)))
                     continue;
@@ -352,7 +353,9 @@ KVT_API int kvt_step_plan(kvt_pool *pool, const kvt_seq_id *seqs, uint32_t n_seq
 
     /* Room for one more token per sequence and layer: blocks now, table
      * capacity reserved so that kvt_append never allocates. */
-    uint64_t need = 0, sel_total = 0, task_total = 0, pm_total = 0;
+    uint64_t need = 0, need_pm = 0, sel_total = 0, task_total = 0, pm_total = 0;
+    if (tiered)
+        kvt__mover_apply(pool->mover); /* finished moves free their blocks first */
     uint32_t np_max = 1;
     uint32_t kmax = 0, smax = 0, lmax = 0, imax = 1;
     const uint32_t *ak = NULL, *asink = NULL, *alocal = NULL, *aiv = NULL;
@@ -398,17 +401,25 @@ KVT_API int kvt_step_plan(kvt_pool *pool, const kvt_seq_id *seqs, uint32_t n_seq
             goto out_free;
         np_max = np > np_max ? np : np_max;
         if (tiered)
-            kvt__promote_bound(pool, s, ak, aiv, &need, &pm_total);
+            kvt__promote_bound(pool, s, ak, aiv, &need_pm, &pm_total);
         const uint32_t b = dense ? np : kvt__sel_bound(np, kmax, smax, lmax);
         sel_total += (uint64_t)b * H;
         task_total += (uint64_t)((b + KVT__CHUNK_PAGES - 1) / KVT__CHUNK_PAGES) * H;
     }
-    if (tiered)
-        kvt__mover_apply(pool->mover);
-    if (need > pool->tier[KVT_TIER_DEVICE].n_free) {
+    if (tiered && need + need_pm > pool->tier[KVT_TIER_DEVICE].n_free) {
+        /* Short: pages whose copy-out is still in flight cannot be evicted
+         * yet and count against the step. Let them land and count again. */
+        need_pm = 0;
+        uint64_t pm2 = 0;
+        for (uint32_t i = 0; i < n_seqs; i++)
+            kvt__mover_drain_seq(pool->mover, ss[i]);
+        for (uint32_t i = 0; i < n_seqs; i++)
+            kvt__promote_bound(pool, ss[i], ak, aiv, &need_pm, &pm2);
+    }
+    if (need + need_pm > pool->tier[KVT_TIER_DEVICE].n_free) {
         rc = kvt__err(KVT_ENOSPC, "device tier: the step's appends%s need up to %llu blocks, "
-                      "%u free", tiered ? " and promotions" : "", (unsigned long long)need,
-                      pool->tier[KVT_TIER_DEVICE].n_free);
+                      "%u free", tiered ? " and promotions" : "",
+                      (unsigned long long)(need + need_pm), pool->tier[KVT_TIER_DEVICE].n_free);
         goto out_free;
     }
     if (need > pool->meta.n_free) {
@@ -927,6 +938,22 @@ static int kvt__recycle(kvt_step *st, uint32_t layer)
     for (uint32_t i = 0; i < st->n && !rc; i++) {
         kvt__seq *s = st->seqs[i];
         st->fcode[i] = 0;
+        if (st->wf[i]) {
+            /* Warm-up's pages still arriving can be neither evicted nor
+             * counted: a sequence that reranks a stable head now waits for
+             * them here (kvt_step_ready told the engine it was not ready). */
+            bool due = false;
+            for (uint32_t h = 0; h < H && !due; h++)
+                due = st->sel_rr[(size_t)i * H + h] && kvt__stable(p, kvt__lh(p, layer, h));
+            if (due) {
+                kvt__settle(st, i, true);
+                if (st->wcode[i]) { /* it failed: every head rescores next step */
+                    const int32_t w = st->wcode[i];
+                    kvt__fail_reset(st, i);
+                    st->wcode[i] = w; /* and the decode reports it */
+                }
+            }
+        }
         st->pm_off[i] = (uint32_t)k;
         st->pm_cnt[i] = 0;
         const uint32_t tokens = s->n_tokens[layer], np = kvt__pages_for(p, tokens);
