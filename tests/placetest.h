@@ -428,37 +428,7 @@ static inline void ref_attn(const pfx *f, uint32_t i, uint32_t l, uint32_t h, ui
                 vd[(size_t)n * D + d] = tu_f16_value(t->v[l][e]);
             }
     }
-    *vmax = 0;
-    for (size_t e = 0; e < (size_t)n * D; e++)
-        *vmax = fabs(vd[e]) > *vmax ? fabs(vd[e]) : *vmax;
-    double *sc = malloc((n + 1) * sizeof *sc);
-    for (uint32_t g = 0; g < G; g++) {
-        const float *qg = q + (size_t)g * D;
-        double *o = out + (size_t)g * D, mx = -INFINITY, z = 0;
-        kappa[g] = 0;
-        for (uint32_t tk = 0; tk < n; tk++) {
-            double dot = 0, mag = 0;
-            for (uint32_t d = 0; d < D; d++) {
-                dot += (double)qg[d] * kd[(size_t)tk * D + d];
-                mag += fabs((double)qg[d] * kd[(size_t)tk * D + d]);
-            }
-            sc[tk] = scale * dot;
-            mx = sc[tk] > mx ? sc[tk] : mx;
-            kappa[g] = scale * mag > kappa[g] ? scale * mag : kappa[g];
-        }
-        for (uint32_t d = 0; d < D; d++)
-            o[d] = 0;
-        for (uint32_t tk = 0; tk < n; tk++) {
-            double wt = exp(sc[tk] - mx);
-            z += wt;
-            for (uint32_t d = 0; d < D; d++)
-                o[d] += wt * vd[(size_t)tk * D + d];
-        }
-        for (uint32_t d = 0; n && d < D; d++)
-            o[d] /= z;
-        lse[g] = n ? mx + log(z) : -INFINITY;
-    }
-    free(sc);
+    tu_ref_attention(q, G, D, kd, vd, n, scale, out, lse, kappa, vmax);
     free(kd);
     free(vd);
 }

@@ -87,41 +87,7 @@ static void ref_attn(const kvt_pool *p, kvt_seq_id seq, uint32_t layer, uint32_t
         }
         n += cnt;
     }
-    double *s = malloc((n ? n : 1) * sizeof *s);
-    *vmax = 0;
-    for (size_t e = 0; e < (size_t)n * D; e++)
-        *vmax = fabs(vd[e]) > *vmax ? fabs(vd[e]) : *vmax;
-    for (uint32_t g = 0; g < G; g++) {
-        const float *qg = q + (size_t)g * D;
-        double *o = out + (size_t)g * D, mx = -INFINITY, z = 0;
-        kappa[g] = 0;
-        for (uint32_t t = 0; t < n; t++) {
-            double dot = 0, mag = 0;
-            for (uint32_t d = 0; d < D; d++) {
-                dot += (double)qg[d] * kd[(size_t)t * D + d];
-                mag += fabs((double)qg[d] * kd[(size_t)t * D + d]);
-            }
-            s[t] = scale * dot;
-            mx = s[t] > mx ? s[t] : mx;
-            kappa[g] = scale * mag > kappa[g] ? scale * mag : kappa[g];
-        }
-        for (uint32_t d = 0; d < D; d++)
-            o[d] = 0;
-        for (uint32_t t = 0; t < n; t++) {
-            double w = exp(s[t] - mx);
-            z += w;
-            for (uint32_t d = 0; d < D; d++)
-                o[d] += w * vd[(size_t)t * D + d];
-        }
-        if (n) {
-            for (uint32_t d = 0; d < D; d++)
-                o[d] /= z;
-            lse[g] = mx + log(z);
-        } else {
-            lse[g] = -INFINITY;
-        }
-    }
-    free(s);
+    tu_ref_attention(q, G, D, kd, vd, n, scale, out, lse, kappa, vmax);
     free(kb);
     free(vb);
     free(kd);

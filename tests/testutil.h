@@ -194,6 +194,49 @@ static inline kvt_pool_opts tu_opts(uint32_t L, uint32_t H, uint32_t Hq, uint32_
 
 /* Asserts that a call failed with `code` and that kvt_last_error() names
  * `needle` (an argument or field name). */
+/* The reference every attention test compares with: softmax attention in
+ * double of G queries q[G][D] over n rows kd/vd[n][D] (values already
+ * widened from the stored dtype), scale applied to q.k. Writes out[G][D],
+ * lse[G] (-inf when n == 0), kappa[g] = max over rows of scale * sum |q.k|
+ * terms (the condition of the scores, for the tolerance) and *vmax, the
+ * largest |v|. */
+static inline void tu_ref_attention(const float *q, uint32_t G, uint32_t D, const double *kd,
+                                    const double *vd, uint32_t n, double scale, double *out,
+                                    double *lse, double *kappa, double *vmax)
+{
+    *vmax = 0;
+    for (size_t e = 0; e < (size_t)n * D; e++)
+        *vmax = fabs(vd[e]) > *vmax ? fabs(vd[e]) : *vmax;
+    double *sc = malloc((n + 1) * sizeof *sc);
+    for (uint32_t g = 0; g < G; g++) {
+        const float *qg = q + (size_t)g * D;
+        double *o = out + (size_t)g * D, mx = -INFINITY, z = 0;
+        kappa[g] = 0;
+        for (uint32_t t = 0; t < n; t++) {
+            double dot = 0, mag = 0;
+            for (uint32_t d = 0; d < D; d++) {
+                dot += (double)qg[d] * kd[(size_t)t * D + d];
+                mag += fabs((double)qg[d] * kd[(size_t)t * D + d]);
+            }
+            sc[t] = scale * dot;
+            mx = sc[t] > mx ? sc[t] : mx;
+            kappa[g] = scale * mag > kappa[g] ? scale * mag : kappa[g];
+        }
+        for (uint32_t d = 0; d < D; d++)
+            o[d] = 0;
+        for (uint32_t t = 0; t < n; t++) {
+            double w = exp(sc[t] - mx);
+            z += w;
+            for (uint32_t d = 0; d < D; d++)
+                o[d] += w * vd[(size_t)t * D + d];
+        }
+        for (uint32_t d = 0; n && d < D; d++)
+            o[d] /= z;
+        lse[g] = n ? mx + log(z) : -INFINITY;
+    }
+    free(sc);
+}
+
 #define TU_EXPECT_ERR(call, code, needle)                                                  \
     do {                                                                                   \
         kvt_clear_error();                                                                 \
