@@ -41,15 +41,6 @@
 
 /* ---- errors --------------------------------------------------------------- */
 
-#define CHECK(call)                                                                        \
-    do {                                                                                   \
-        int rc_ = (call);                                                                  \
-        if (rc_) {                                                                         \
-            fprintf(stderr, PROG ": %s failed: %s (%s)\n", #call, kvt_err_name(rc_),       \
-                    kvt_last_error());                                                     \
-            exit(1);                                                                       \
-        }                                                                                  \
-    } while (0)
 
 static void die(const char *msg)
 {

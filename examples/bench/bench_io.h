@@ -16,6 +16,18 @@ int bench_tier_main(int argc, char **argv);
 #include <stdlib.h>
 #include <time.h>
 
+/* Exits with the library's message when a kvt_* call fails (PROG names the
+ * program in each file). */
+#define CHECK(call)                                                                        \
+    do {                                                                                   \
+        int rc_ = (call);                                                                  \
+        if (rc_) {                                                                         \
+            fprintf(stderr, PROG ": %s failed: %s (%s)\n", #call, kvt_err_name(rc_),       \
+                    kvt_last_error());                                                     \
+            exit(1);                                                                       \
+        }                                                                                  \
+    } while (0)
+
 static inline void *bench_xmalloc(size_t n)
 {
     void *p = malloc(n ? n : 1);

@@ -54,15 +54,6 @@
 #define QUERY_AMPLITUDE 1.0f
 #define QUERY_NOISE     0.1f
 
-#define CHECK(call)                                                                        \
-    do {                                                                                   \
-        int rc_ = (call);                                                                  \
-        if (rc_) {                                                                         \
-            fprintf(stderr, PROG ": %s failed: %s (%s)\n", #call, kvt_err_name(rc_),       \
-                    kvt_last_error());                                                     \
-            exit(1);                                                                       \
-        }                                                                                  \
-    } while (0)
 
 static void tier_die(const char *msg, const char *arg)
 {
