@@ -255,8 +255,10 @@ static void kvt__promote_bound(const kvt_pool *p, const kvt__seq *s, const uint3
                     ((r & KVT__RES_BUSY) || !(r & (KVT_RES_HOST | KVT_RES_DISK))))
                     stuck++;
             }
-            const uint64_t kw = (uint64_t)ak[lh] * p->pol->window[lh];
-            const uint64_t after = forced + 1u + kw + stuck;
+            uint64_t kw = (uint64_t)ak[lh] * p->pol->window[lh];
+            kw = kw < np ? kw : np; /* a budget above the context keeps every page */
+            uint64_t after = forced + 1u + kw + stuck;
+            after = after < np + 1u ? after : np + 1u;
             if (after > dev)
                 *need += after - dev;
             *pm += ak[lh] < np ? ak[lh] : np;
@@ -820,6 +822,12 @@ static void kvt__sel_task(void *ctx, uint32_t ih, uint32_t thread)
             s->topk_k[b] = 0; /* nothing kept: rerank next time */
         }
         st->sel_rr[ih] = 1;
+    } else if ((uint64_t)k + sink + local >= np) {
+        /* The budget covers every page (pages that filled since the last
+         * rerank included): all of them, as a rescore would choose. */
+        for (uint32_t j = 0; j < np; j++)
+            out[j] = j;
+        st->sel_cnt[ih] = np;
     } else {
         st->sel_cnt[ih] = kvt__sel_pick(np, tokens, st->P, k, sink, local, NULL, keep,
                                         keep ? s->topk_n[b] : 0, &sc, out, NULL, NULL);
