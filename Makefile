@@ -56,6 +56,8 @@ SANFLAGS := $(if $(SAN),-fsanitize=address$(comma)undefined -fno-omit-frame-poin
 # name-in-pkg-config:debian-package
 LIB_DEPS  := liburing:liburing-dev numa:libnuma-dev
 TEST_DEPS := cmocka:libcmocka-dev
+# The example decoder's matrix products (not the library's).
+DECODE_DEPS := openblas:libopenblas-dev
 
 # $(call kvt_deps,deps,output-file): checks, installs (root + apt-get) or
 # stops with the exact command, then records the flags.
@@ -82,6 +84,7 @@ endef
 NODEP_GOALS := clean distclean uninstall help
 ifneq ($(filter-out $(NODEP_GOALS),$(or $(MAKECMDGOALS),all)),)
 include $(O)/config.mk
+include $(O)/config-decode.mk
 ifneq ($(filter check% tests $(O)/tests/%,$(MAKECMDGOALS)),)
 include $(O)/config-test.mk
 endif
@@ -89,7 +92,9 @@ endif
 
 $(O)/config.mk: Makefile
 	$(call kvt_deps,$(LIB_DEPS),$@,DEP)
-$(O)/config-test.mk: Makefile $(O)/config.mk   # one apt-get at a time under -j
+$(O)/config-decode.mk: Makefile $(O)/config.mk   # one apt-get at a time under -j
+	$(call kvt_deps,$(DECODE_DEPS),$@,BLAS)
+$(O)/config-test.mk: Makefile $(O)/config.mk $(O)/config-decode.mk
 	$(call kvt_deps,$(TEST_DEPS),$@,CMOCKA)
 
 # ---- sources ----------------------------------------------------------------
@@ -110,7 +115,8 @@ LIB_LDLIBS   = $(DEP_LIBS) $(CUDA_LIBS) -lm -lpthread
 LIB_SO := $(O)/lib/$(SOFILE)
 LIB_A  := $(O)/lib/$(LIBNAME).a
 
-PROGS := $(O)/bin/kvtier-pool-demo $(O)/bin/kvtier-bench $(O)/bin/kvtier-profile
+PROGS := $(O)/bin/kvtier-pool-demo $(O)/bin/kvtier-bench $(O)/bin/kvtier-profile \
+         $(O)/bin/kvtier-decode
 PROG_RPATH := -Wl,-rpath,'$$ORIGIN/../lib'
 
 # ---- tests ------------------------------------------------------------------
@@ -122,9 +128,12 @@ TESTS_STATIC := test_convert test_crc32c test_mckp test_profiler
 # Fault-injection tests link a static library whose tier sources are built
 # with KVT_FAULT_INJECTION; the installed library never has the hooks.
 TESTS_FAULT  := test_mover_faults test_place_faults
-TEST_BINS := $(addprefix $(O)/tests/,$(TESTS_SHARED) $(TESTS_STATIC) $(TESTS_FAULT) test_cxx_headers)
+# Tests of the example decoder's own parts (GGUF reader, tokenizers): no libkvtier.
+TESTS_DECODE := test_gguf test_tokenizer
+TEST_BINS := $(addprefix $(O)/tests/,$(TESTS_SHARED) $(TESTS_STATIC) $(TESTS_FAULT) \
+             $(TESTS_DECODE) test_cxx_headers)
 TEST_SCRIPTS := tests/test_symbols.sh tests/test_man.sh tests/test_install.sh \
-                tests/test_profile_tool.sh
+                tests/test_profile_tool.sh tests/test_decode_tool.sh
 
 .PHONY: all lib programs check check-asan check-valgrind demo install uninstall clean \
         distclean help tests cuda-compile fuzz
@@ -193,6 +202,17 @@ $(O)/bin/kvtier-bench: examples/bench/bench.c examples/bench/bench_io.c examples
 	$(CC) -std=c11 -D_GNU_SOURCE -Iinclude $(WARN) $(SANFLAGS) $(DEP_CFLAGS) $(CFLAGS) -pthread \
 	  $(filter %.c,$^) -o $@ -L$(O)/lib -lkvtier $(PROG_RPATH) $(LDFLAGS) $(DEP_LIBS) -lm
 
+# The example decoder: OpenBLAS for the model's products, -O3 and
+# -fopenmp-simd so its small loops vectorise.
+DECODE_SRCS := examples/decode/main.c examples/decode/model.c examples/decode/gguf.c \
+               examples/decode/tokenizer.c
+DECODE_HDRS := $(wildcard examples/decode/*.h)
+$(O)/bin/kvtier-decode: $(DECODE_SRCS) $(DECODE_HDRS) $(LIB_SO)
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 -D_GNU_SOURCE -Iinclude $(WARN) $(SANFLAGS) $(BLAS_CFLAGS) $(CFLAGS) -O3 \
+	  -fopenmp-simd -pthread $(DECODE_SRCS) -o $@ -L$(O)/lib -lkvtier $(PROG_RPATH) $(LDFLAGS) \
+	  $(BLAS_LIBS) -lm
+
 $(O)/bin/kvtier-profile: examples/profile/profile.c $(LIB_SO)
 	@mkdir -p $(dir $@)
 	$(CC) -std=c11 -D_GNU_SOURCE -Iinclude $(WARN) $(SANFLAGS) $(CFLAGS) $< -o $@ \
@@ -218,6 +238,16 @@ $(addprefix $(O)/tests/,$(TESTS_FAULT)): $(O)/tests/%: tests/%.c tests/testutil.
 	@mkdir -p $(dir $@)
 	$(CC) $(TEST_CFLAGS) -DKVT_FAULT_INJECTION $< -o $@ $(O)/lib/libkvtier-fault.a $(CMOCKA_LIBS) \
 	  $(LIB_LDLIBS) $(LDFLAGS)
+
+$(O)/tests/test_gguf: tests/test_gguf.c examples/decode/gguf.c examples/decode/gguf.h
+	@mkdir -p $(dir $@)
+	$(CC) $(TEST_CFLAGS) -Iexamples/decode tests/test_gguf.c examples/decode/gguf.c -o $@ \
+	  $(CMOCKA_LIBS) $(LDFLAGS) -lm
+$(O)/tests/test_tokenizer: tests/test_tokenizer.c examples/decode/tokenizer.c examples/decode/gguf.c \
+                           $(DECODE_HDRS) tests/testutil.h
+	@mkdir -p $(dir $@)
+	$(CC) $(TEST_CFLAGS) -Iexamples/decode tests/test_tokenizer.c examples/decode/tokenizer.c \
+	  examples/decode/gguf.c -o $@ $(CMOCKA_LIBS) $(LDFLAGS) -lm
 
 # The public headers must compile as strict C11 and as C++17, warnings fatal.
 $(O)/tests/test_c_headers: TEST_EXTRA = -Wpedantic -Werror
@@ -265,14 +295,21 @@ fuzz: | $(O)/config.mk
 	$(O)/fuzz/bin/fuzz_policy_load -max_total_time=$(FUZZ_TIME) -timeout=10 -rss_limit_mb=2048 \
 	  -print_final_stats=1 -artifact_prefix=$(O)/fuzz/ \
 	  $(O)/fuzz/corpus/policy_load tests/fuzz/corpus/policy_load
+	@mkdir -p $(O)/fuzz/corpus/gguf
+	$(FUZZ_CC) -std=c11 -D_GNU_SOURCE -Iexamples/decode -O1 -g -fsanitize=fuzzer $(FUZZ_SAN) \
+	  tests/fuzz/fuzz_gguf.c examples/decode/gguf.c -o $(O)/fuzz/bin/fuzz_gguf
+	$(O)/fuzz/bin/fuzz_gguf -max_total_time=$(FUZZ_TIME) -timeout=10 -rss_limit_mb=2048 \
+	  -print_final_stats=1 -artifact_prefix=$(O)/fuzz/gguf- \
+	  $(O)/fuzz/corpus/gguf tests/fuzz/corpus/gguf
 
 # CI: make sure cuda/ compiles whenever nvcc exists.
 cuda-compile:
 	@if [ -n "$(NVCC)" ]; then $(MAKE) O=$(O) CUDA=1 lib && echo "cuda-compile: ok ($(NVCC))"; \
 	 else echo "cuda-compile: nvcc not found, skipped"; fi
 
-demo: $(O)/bin/kvtier-pool-demo
-	$(O)/bin/kvtier-pool-demo
+# The main job: the example decoder on its embedded default model, tiered.
+demo: $(O)/bin/kvtier-decode
+	$(O)/bin/kvtier-decode
 
 # ---- install ------------------------------------------------------------------
 install: all

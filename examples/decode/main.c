@@ -1,0 +1,719 @@
+/* kvtier-decode: a minimal Llama-architecture decoder that keeps its KV
+ * cache in libkvtier, the way an inference engine embeds it.
+ *
+ * The engine (this file and model.c) owns the model: embeddings, norms,
+ * projections, RoPE, the MLP and the prefill's own attention (GEMM over
+ * chunks). libkvtier owns the KV cache and decode attention:
+ *
+ *   prefill, per layer:  kvt_seq_append(K, V of the prompt)   then, tiered:
+ *                        kvt_seq_warmup(queries of the last prompt tokens)
+ *   decode, per token:   kvt_step_plan
+ *                        per layer: kvt_append(k, v)
+ *                                   kvt_rerank_recycle(q) + kvt_sparse_decode(q)
+ *                        kvt_step_finish
+ *
+ * --kv dense keeps every page on the device tier and attends over all of
+ * them (KVT_STEP_DENSE); --kv tiered (the default) places pages by head
+ * class under a policy and attends over the selected pages. --compare runs
+ * both on the same prompt and reports how often they agree.
+ *
+ * Run `kvtier-decode --help` for the options. */
+#include <cblas.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <kvtier/kvtier.h>
+
+#include "gguf.h"
+#include "model.h"
+#include "tokenizer.h"
+
+#define PROG "kvtier-decode"
+
+
+#define CHECK(call)                                                                        \
+    do {                                                                                   \
+        int rc_ = (call);                                                                  \
+        if (rc_) {                                                                         \
+            fprintf(stderr, PROG ": %s failed: %s (%s)\n", #call, kvt_err_name(rc_),       \
+                    kvt_last_error());                                                     \
+            exit(1);                                                                       \
+        }                                                                                  \
+    } while (0)
+
+static void die(const char *fmt, const char *arg)
+{
+    fprintf(stderr, PROG ": ");
+    fprintf(stderr, fmt, arg);
+    fprintf(stderr, "\n");
+    exit(1);
+}
+
+static void *xmalloc(size_t n)
+{
+    void *p = malloc(n ? n : 1);
+    if (!p)
+        die("out of memory (%s)", "allocation failed");
+    return p;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* ---- options ------------------------------------------------------------------- */
+typedef struct opts {
+    const char *model, *tokenizer, *prompt, *prompt_file, *policy, *disk;
+    int tiered, compare, json, quiet;
+    uint32_t budget, threads, ctx, gen, prompt_tokens;
+    uint64_t seed;
+    float temp, top_p;
+} opts;
+
+static const char usage[] =
+    "usage: " PROG " [options]\n"
+    "  --model FILE         GGUF (llama, qwen2) or llama2.c checkpoint; default: the\n"
+    "                       embedded synthetic model\n"
+    "  --tokenizer FILE     llama2.c tokenizer.bin (GGUF files carry their own)\n"
+    "  --prompt TEXT | --prompt-file FILE   text prompt (needs a tokenizer)\n"
+    "  --prompt-tokens N    synthetic prompt of N token ids (default 16384 for the\n"
+    "                       embedded model, 64 otherwise) when no text is given\n"
+    "  --kv dense|tiered    KV placement (default tiered)\n"
+    "  --budget N           tokens each head attends (top-K pages; default 1024)\n"
+    "  --policy FILE        head-stability profile (kvtier-profile(5)); default: every\n"
+    "                       eighth KV head unstable, the rest stable, interval 16\n"
+    "  --disk DIR           tiered: add the disk tier in DIR, host tier 25% of the KV\n"
+    "  --ctx N              context length to size the pool for (default prompt + gen)\n"
+    "  --gen N              tokens to generate (default 32)\n"
+    "  --threads N          worker threads (default: online CPUs)\n"
+    "  --temp T --top-p P   sampling (default greedy: temp 0)\n"
+    "  --seed N             sampling and synthetic-prompt seed (default 1)\n"
+    "  --compare            run dense and tiered on the same prompt; report agreement\n"
+    "  --json               print one JSON summary line on stdout at the end\n"
+    "  --quiet              no generated text\n";
+
+static uint32_t parse_u32(const char *s, const char *flag)
+{
+    char *end;
+    errno = 0;
+    unsigned long v = s ? strtoul(s, &end, 10) : 0;
+    if (!s || !*s || *end || errno || v > UINT32_MAX)
+        die("bad value for %s", flag);
+    return (uint32_t)v;
+}
+
+static void parse(int argc, char **argv, opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->tiered = 1;
+    o->budget = 1024;
+    o->gen = 32;
+    o->seed = 1;
+    o->top_p = 1.0f;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+#define ARG(name) (!strcmp(a, name) && (v || (die("%s needs a value", name), 0)) && ++i)
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            fputs(usage, stdout);
+            exit(0);
+        } else if (!strcmp(a, "--compare"))
+            o->compare = 1;
+        else if (!strcmp(a, "--json"))
+            o->json = 1;
+        else if (!strcmp(a, "--quiet"))
+            o->quiet = 1;
+        else if (ARG("--model"))
+            o->model = v;
+        else if (ARG("--tokenizer"))
+            o->tokenizer = v;
+        else if (ARG("--prompt"))
+            o->prompt = v;
+        else if (ARG("--prompt-file"))
+            o->prompt_file = v;
+        else if (ARG("--policy"))
+            o->policy = v;
+        else if (ARG("--disk"))
+            o->disk = v;
+        else if (ARG("--kv")) {
+            if (!strcmp(v, "dense"))
+                o->tiered = 0;
+            else if (!strcmp(v, "tiered"))
+                o->tiered = 1;
+            else
+                die("--kv must be dense or tiered, not %s", v);
+        } else if (ARG("--budget"))
+            o->budget = parse_u32(v, "--budget");
+        else if (ARG("--threads"))
+            o->threads = parse_u32(v, "--threads");
+        else if (ARG("--ctx"))
+            o->ctx = parse_u32(v, "--ctx");
+        else if (ARG("--gen"))
+            o->gen = parse_u32(v, "--gen");
+        else if (ARG("--prompt-tokens"))
+            o->prompt_tokens = parse_u32(v, "--prompt-tokens");
+        else if (ARG("--seed"))
+            o->seed = parse_u32(v, "--seed");
+        else if (ARG("--temp"))
+            o->temp = strtof(v, NULL);
+        else if (ARG("--top-p"))
+            o->top_p = strtof(v, NULL);
+        else {
+            fprintf(stderr, PROG ": unknown option %s\n%s", a, usage);
+            exit(2);
+        }
+#undef ARG
+    }
+    if (o->prompt && o->prompt_file)
+        die("give --prompt or --prompt-file, not both%s", "");
+    if (!(o->temp >= 0) || !(o->top_p > 0 && o->top_p <= 1))
+        die("--temp must be >= 0 and --top-p in (0, 1]%s", "");
+}
+
+/* ---- one KV cache: a pool and the sequence in it ----------------------------------- */
+typedef struct kvcache {
+    int tiered;
+    kvt_pool *pool;
+    kvt_seq_id seq;
+    kvt_policy *pol;
+    kvt_selector *sel;
+    kvt_pool_sizing sz;
+    double t_decode;      /* seconds in the decode forward */
+    double t_prefill_kv;  /* seconds in kvt_seq_append + warm-up */
+    double t_append, t_select, t_attend; /* decode: kvt_append, rerank, sparse decode */
+    double t_plan;        /* decode: kvt_step_plan + kvt_step_finish */
+} kvcache;
+
+static void kv_open(kvcache *kc, const model *m, const opts *o, int tiered, uint32_t ctx)
+{
+    memset(kc, 0, sizeof *kc);
+    kc->tiered = tiered;
+    const model_cfg *c = &m->c;
+    kvt_pool_opts po;
+    CHECK(kvt_pool_opts_init(&po));
+    po.backend = KVT_BACKEND_CPU;
+    po.geom.n_layers = c->n_layers;
+    po.geom.n_kv_heads = c->n_kv_heads;
+    po.geom.n_q_heads = c->n_heads;
+    po.geom.head_dim = c->head_dim;
+    po.geom.page_tokens = 16;
+    po.geom.dtype = KVT_DTYPE_F16;
+    po.n_threads = o->threads;
+    po.max_seqs = 4;
+    po.max_seq_tokens = ctx + 1;
+    po.target_tokens = ctx + 1;
+    po.target_seqs = 1;
+    if (tiered) {
+        const uint32_t P = po.geom.page_tokens, nlh = c->n_layers * c->n_kv_heads;
+        if (o->policy) {
+            CHECK(kvt_policy_load(&kc->pol, o->policy, &po.geom));
+        } else {
+            kvt_head_class *cls = xmalloc(nlh * sizeof *cls);
+            for (uint32_t i = 0; i < nlh; i++)
+                cls[i] = i % 8 == 0 ? KVT_HEAD_UNSTABLE : KVT_HEAD_STABLE;
+            kvt_policy_opts pol;
+            CHECK(kvt_policy_opts_init(&pol));
+            pol.top_k_pages = (o->budget + P - 1) / P;
+            kvt_policy_heads ph = {.struct_size = sizeof ph, .n_heads = nlh, .head_class = cls};
+            CHECK(kvt_policy_create_heads(&kc->pol, &po.geom, &pol, &ph));
+            free(cls);
+        }
+        CHECK(kvt_selector_create(&kc->sel, &po.geom, NULL));
+        po.policy = kc->pol;
+        po.selector = kc->sel;
+    }
+    kc->sz.struct_size = sizeof kc->sz;
+    CHECK(kvt_pool_sizing_get(&po, &kc->sz));
+    uint64_t block;
+    CHECK(kvt_geometry_block_bytes(&po.geom, &block));
+    /* The device tier from the sizing, plus room for one prefill chunk of
+     * new pages per KV head before they are copied out. */
+    po.device_bytes = kc->sz.device_bytes + (uint64_t)c->n_kv_heads * (512 / 16 + 1) * block;
+    if (tiered) {
+        const uint64_t all = kc->sz.dense_bytes;
+        po.host_bytes = o->disk ? all / 4 + 2 * block : all;
+        if (o->disk) {
+            po.disk_dir = o->disk;
+            po.disk_bytes = all + all / 4 + (64u << 20);
+        }
+    }
+    CHECK(kvt_pool_create(&kc->pool, &po));
+    CHECK(kvt_seq_create(kc->pool, NULL, &kc->seq));
+}
+
+static void kv_close(kvcache *kc)
+{
+    kvt_pool_destroy(kc->pool);
+    kvt_selector_destroy(kc->sel);
+    kvt_policy_destroy(kc->pol);
+}
+
+/* ---- the forward pass ------------------------------------------------------------- */
+typedef struct work {
+    float *x, *xb, *q, *k, *v, *att, *h1, *h3, *logits;
+} work;
+
+static void progress(const char *what, double frac)
+{
+    int w = 40, fill = (int)(frac * w + 0.5);
+    fprintf(stderr, "\r%-8s [%.*s%*s] %3d%%", what, fill, "########################################",
+            w - fill, "", (int)(frac * 100 + 0.5));
+    if (frac >= 1.0)
+        fprintf(stderr, "\n");
+}
+
+/* Prefill of tokens[0..T): layer-major, every product a GEMM, the prompt's
+ * own causal attention by GEMM over chunks of queries; K and V of each
+ * layer go to every cache. Leaves the last position's logits in w->logits
+ * and, for warm-up, the queries of the last n_obs tokens in obs
+ * [L][n_obs][H][hd]. */
+static void prefill(const model *m, const int32_t *tokens, uint32_t T, kvcache *kc, int nkc,
+                    float *logits, float *obs, uint32_t n_obs, int show, uint32_t nthreads)
+{
+    const model_cfg *c = &m->c;
+    const size_t d = c->dim, q = model_qdim(c), kv = model_kvdim(c), L = c->n_layers;
+    float *X = xmalloc((size_t)T * d * sizeof *X), *XB = xmalloc((size_t)T * d * sizeof *XB);
+    float *Q = xmalloc((size_t)T * q * sizeof *Q), *O = xmalloc((size_t)T * q * sizeof *O);
+    float *K = xmalloc((size_t)T * kv * sizeof *K), *V = xmalloc((size_t)T * kv * sizeof *V);
+    const size_t MC = 1024; /* MLP rows at a time */
+    float *h1 = xmalloc(MC * c->hidden * sizeof *h1), *h3 = xmalloc(MC * c->hidden * sizeof *h3);
+    for (uint32_t t = 0; t < T; t++)
+        memcpy(X + (size_t)t * d, m->tok_emb + (size_t)tokens[t] * d, d * sizeof *X);
+    const size_t AC = 2048; /* queries per progress tick */
+    const double work_total = (double)L * T;
+    for (uint32_t l = 0; l < L; l++) {
+        model_rmsnorm(c, XB, X, m->rms_att + l * d, T);
+        model_matmul(Q, XB, m->wq + l * q * d, m->bq ? m->bq + l * q : NULL, T, (uint32_t)q, c->dim);
+        model_matmul(K, XB, m->wk + l * kv * d, m->bk ? m->bk + l * kv : NULL, T, (uint32_t)kv, c->dim);
+        model_matmul(V, XB, m->wv + l * kv * d, m->bv ? m->bv + l * kv : NULL, T, (uint32_t)kv, c->dim);
+        model_rope(c, Q, T, c->n_heads, 0);
+        model_rope(c, K, T, c->n_kv_heads, 0);
+        for (int i = 0; i < nkc; i++) {
+            double t0 = now_s();
+            for (uint32_t t0k = 0; t0k < T; t0k += 512) {
+                const uint32_t n = T - t0k < 512 ? T - t0k : 512;
+                CHECK(kvt_seq_append(kc[i].pool, kc[i].seq, l, K + (size_t)t0k * kv,
+                                     V + (size_t)t0k * kv, n, KVT_DTYPE_F32, 0));
+            }
+            kc[i].t_prefill_kv += now_s() - t0;
+        }
+        if (obs)
+            for (uint32_t j = 0; j < n_obs; j++)
+                memcpy(obs + ((size_t)l * n_obs + j) * q, Q + (size_t)(T - n_obs + j) * q,
+                       q * sizeof *obs);
+        for (size_t i0 = 0; i0 < T; i0 += AC) {
+            const size_t nc = T - i0 < AC ? T - i0 : AC;
+            model_prefill_attention(c, Q + i0 * q, K, V, nc, (uint32_t)i0, O + i0 * q, nthreads);
+            if (show)
+                progress("prefill", ((double)l * T + (double)(i0 + nc)) / work_total);
+        }
+        model_matmul(XB, O, m->wo + l * d * q, NULL, T, c->dim, (uint32_t)q);
+        for (size_t i = 0; i < (size_t)T * d; i++)
+            X[i] += XB[i];
+        for (size_t r0 = 0; r0 < T; r0 += MC) {
+            const size_t nr = T - r0 < MC ? T - r0 : MC;
+            model_mlp(m, l, X + r0 * d, nr, XB + r0 * d, h1, h3);
+        }
+    }
+    model_rmsnorm(c, XB, X + (size_t)(T - 1) * d, m->rms_final, 1);
+    model_matmul(logits, XB, m->wcls, NULL, 1, c->vocab, c->dim);
+    free(X);
+    free(XB);
+    free(Q);
+    free(O);
+    free(K);
+    free(V);
+    free(h1);
+    free(h3);
+}
+
+/* One decode token at position pos through cache kc; logits out. */
+static void decode_token(const model *m, kvcache *kc, int32_t tok, uint32_t pos, work *w)
+{
+    const model_cfg *c = &m->c;
+    const size_t d = c->dim, q = model_qdim(c), kv = model_kvdim(c);
+    double t0 = now_s();
+    memcpy(w->x, m->tok_emb + (size_t)tok * d, d * sizeof *w->x);
+    kvt_step_opts so;
+    CHECK(kvt_step_opts_init(&so));
+    if (!kc->tiered)
+        so.flags = KVT_STEP_DENSE;
+    kvt_step *st;
+    double tp = now_s();
+    CHECK(kvt_step_plan(kc->pool, &kc->seq, 1, &so, &st));
+    kc->t_plan += now_s() - tp;
+    for (uint32_t l = 0; l < c->n_layers; l++) {
+        model_rmsnorm(c, w->xb, w->x, m->rms_att + l * d, 1);
+        model_matmul(w->q, w->xb, m->wq + l * q * d, m->bq ? m->bq + l * q : NULL, 1, (uint32_t)q, c->dim);
+        model_matmul(w->k, w->xb, m->wk + l * kv * d, m->bk ? m->bk + l * kv : NULL, 1, (uint32_t)kv, c->dim);
+        model_matmul(w->v, w->xb, m->wv + l * kv * d, m->bv ? m->bv + l * kv : NULL, 1, (uint32_t)kv, c->dim);
+        model_rope(c, w->q, 1, c->n_heads, pos);
+        model_rope(c, w->k, 1, c->n_kv_heads, pos);
+        double ta = now_s();
+        CHECK(kvt_append(st, l, w->k, w->v, KVT_DTYPE_F32, 0));
+        double tb = now_s();
+        CHECK(kvt_rerank_recycle(st, l, w->q));
+        double tc = now_s();
+        CHECK(kvt_sparse_decode(st, l, w->q, w->att, NULL));
+        double td = now_s();
+        kc->t_append += tb - ta;
+        kc->t_select += tc - tb;
+        kc->t_attend += td - tc;
+        model_matmul(w->xb, w->att, m->wo + l * d * q, NULL, 1, c->dim, (uint32_t)q);
+        for (size_t i = 0; i < d; i++)
+            w->x[i] += w->xb[i];
+        model_mlp(m, l, w->x, 1, w->xb, w->h1, w->h3);
+    }
+    tp = now_s();
+    CHECK(kvt_step_finish(st));
+    kc->t_plan += now_s() - tp;
+    model_rmsnorm(c, w->xb, w->x, m->rms_final, 1);
+    model_matmul(w->logits, w->xb, m->wcls, NULL, 1, c->vocab, c->dim);
+    kc->t_decode += now_s() - t0;
+}
+
+/* ---- sampling ------------------------------------------------------------------- */
+static uint64_t rng_next(uint64_t *s)
+{
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    return *s;
+}
+
+static uint32_t argmax(const float *x, uint32_t n)
+{
+    uint32_t b = 0;
+    for (uint32_t i = 1; i < n; i++)
+        if (x[i] > x[b])
+            b = i;
+    return b;
+}
+
+typedef struct {
+    float p;
+    uint32_t i;
+} prob;
+
+static int prob_desc(const void *a, const void *b)
+{
+    const prob *x = a, *y = b;
+    return (x->p < y->p) - (x->p > y->p);
+}
+
+static uint32_t sample(const float *logits, uint32_t n, float temp, float top_p, uint64_t *rng,
+                       prob *scratch)
+{
+    if (temp <= 0)
+        return argmax(logits, n);
+    float mx = logits[argmax(logits, n)];
+    double z = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        scratch[i].p = expf((logits[i] - mx) / temp);
+        scratch[i].i = i;
+        z += scratch[i].p;
+    }
+    qsort(scratch, n, sizeof *scratch, prob_desc);
+    double cum = 0, r = (double)(rng_next(rng) >> 11) / 9007199254740992.0;
+    uint32_t keep = n;
+    for (uint32_t i = 0; i < n; i++) {
+        cum += scratch[i].p / z;
+        if (cum >= top_p) {
+            keep = i + 1;
+            break;
+        }
+    }
+    double zk = 0;
+    for (uint32_t i = 0; i < keep; i++)
+        zk += scratch[i].p;
+    double acc = 0;
+    for (uint32_t i = 0; i < keep; i++) {
+        acc += scratch[i].p / zk;
+        if (r < acc)
+            return scratch[i].i;
+    }
+    return scratch[keep - 1].i;
+}
+
+/* ---- text ------------------------------------------------------------------------ */
+static char *read_file(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        die("cannot open %s", path);
+    size_t cap = 1 << 16, n = 0;
+    char *b = xmalloc(cap);
+    size_t r;
+    while ((r = fread(b + n, 1, cap - n, f)) > 0) {
+        n += r;
+        if (n == cap)
+            b = realloc(b, cap *= 2);
+        if (!b)
+            die("out of memory reading %s", path);
+    }
+    fclose(f);
+    *len = n;
+    return b;
+}
+
+static void emit(tokenizer *tk, int32_t prev, int32_t id)
+{
+    if (!tk) {
+        printf(" %d", id);
+        return;
+    }
+    size_t n;
+    const char *s = tok_decode(tk, prev, id, &n);
+    if (s)
+        fwrite(s, 1, n, stdout);
+}
+
+static int is_gguf(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    char mg[4] = {0};
+    if (!f)
+        die("cannot open %s", path);
+    size_t r = fread(mg, 1, 4, f);
+    fclose(f);
+    return r == 4 && !memcmp(mg, "GGUF", 4);
+}
+
+int main(int argc, char **argv)
+{
+    opts o;
+    parse(argc, argv, &o);
+    if (o.threads)
+        openblas_set_num_threads((int)o.threads);
+    else
+        o.threads = (uint32_t)sysconf(_SC_NPROCESSORS_ONLN);
+    char err[512];
+    model m;
+    gguf g;
+    memset(&g, 0, sizeof g);
+    tokenizer *tk = NULL;
+    const int synthetic = o.model == NULL;
+    if (synthetic) {
+        model_synthetic(&m, 0);
+    } else if (is_gguf(o.model)) {
+        if (gguf_open(o.model, &g, err, sizeof err) || model_load_gguf(&m, &g, err, sizeof err) ||
+            tok_from_gguf(&tk, &g, err, sizeof err))
+            die("%s", err);
+    } else {
+        if (model_load_llama2c(&m, o.model, err, sizeof err))
+            die("%s", err);
+        if (o.tokenizer && tok_from_llama2c(&tk, o.tokenizer, m.c.vocab, err, sizeof err))
+            die("%s", err);
+    }
+    const model_cfg *c = &m.c;
+
+    /* The prompt. */
+    int32_t *prompt = NULL;
+    uint32_t T = 0;
+    if (o.prompt || o.prompt_file) {
+        if (!tk)
+            die("a text prompt needs a tokenizer (a GGUF model, or --tokenizer)%s", "");
+        size_t len;
+        char *text = o.prompt ? (char *)o.prompt : read_file(o.prompt_file, &len);
+        if (o.prompt)
+            len = strlen(o.prompt);
+        int64_t n = tok_encode(tk, text, len, 1, NULL, 0, err, sizeof err);
+        if (n < 0)
+            die("%s", err);
+        prompt = xmalloc((size_t)(n ? n : 1) * sizeof *prompt);
+        tok_encode(tk, text, len, 1, prompt, (size_t)n, err, sizeof err);
+        T = (uint32_t)n;
+        if (o.prompt_file)
+            free(text);
+    } else {
+        T = o.prompt_tokens ? o.prompt_tokens : synthetic ? 16384 : 64;
+        prompt = xmalloc(T * sizeof *prompt);
+        uint64_t s = 0x9e3779b97f4a7c15ull ^ o.seed;
+        for (uint32_t i = 0; i < T; i++)
+            prompt[i] = (int32_t)(rng_next(&s) % c->vocab);
+        if (!synthetic)
+            prompt[0] = 1; /* llama2.c's BOS */
+    }
+    if (T == 0)
+        die("the prompt is empty%s", "");
+    const uint32_t ctx = o.ctx ? o.ctx : T + o.gen;
+    if (ctx < T + o.gen)
+        die("--ctx is below prompt + --gen%s", "");
+    if (!synthetic && c->ctx && ctx > c->ctx && !o.quiet)
+        fprintf(stderr, PROG ": note: %u tokens exceed the model's trained context %u\n", ctx,
+                c->ctx);
+
+    /* The caches: one, or dense + tiered for --compare. */
+    kvcache kc[2];
+    int nkc = o.compare ? 2 : 1;
+    if (o.compare) {
+        kv_open(&kc[0], &m, &o, 0, ctx);
+        kv_open(&kc[1], &m, &o, 1, ctx);
+    } else {
+        kv_open(&kc[0], &m, &o, o.tiered, ctx);
+    }
+    if (!o.quiet)
+        fprintf(stderr, "%s: %s; %u layers, %u/%u heads x %u, vocab %u; prompt %u tokens, "
+                "generating %u; KV %s\n", PROG, m.desc, c->n_layers, c->n_heads, c->n_kv_heads,
+                c->head_dim, c->vocab, T, o.gen, o.compare ? "dense and tiered" :
+                o.tiered ? "tiered" : "dense");
+
+    /* Prefill. */
+    const uint32_t n_obs = T < 32 ? T : 32;
+    float *obs = xmalloc((size_t)c->n_layers * n_obs * model_qdim(c) * sizeof *obs);
+    work w;
+    w.x = xmalloc(c->dim * sizeof(float));
+    w.xb = xmalloc((c->dim > c->hidden ? c->dim : c->hidden) * sizeof(float));
+    w.q = xmalloc(model_qdim(c) * sizeof(float));
+    w.att = xmalloc(model_qdim(c) * sizeof(float));
+    w.k = xmalloc(model_kvdim(c) * sizeof(float));
+    w.v = xmalloc(model_kvdim(c) * sizeof(float));
+    w.h1 = xmalloc(c->hidden * sizeof(float));
+    w.h3 = xmalloc(c->hidden * sizeof(float));
+    w.logits = xmalloc(c->vocab * sizeof(float));
+    float *logits2 = xmalloc(c->vocab * sizeof(float));
+    prob *ps = xmalloc(c->vocab * sizeof *ps);
+    double t0 = now_s();
+    prefill(&m, prompt, T, kc, nkc, w.logits, obs, n_obs, !o.quiet || T >= 4096, o.threads);
+    double t_warm = now_s();
+    for (int i = 0; i < nkc; i++)
+        if (kc[i].tiered) {
+            /* Importance-guided placement from the last prompt queries; a
+             * one-sequence engine then waits for its pages (a batching
+             * engine would leave the sequence out until kvt_step_ready). */
+            CHECK(kvt_seq_warmup(kc[i].pool, kc[i].seq, obs, n_obs));
+            kvt_mover *mv;
+            CHECK(kvt_pool_mover(kc[i].pool, &mv));
+            CHECK(kvt_mover_wait(mv, KVT_FENCE_ALL, UINT64_MAX));
+        }
+    const double t_prefill = now_s() - t0;
+    t_warm = now_s() - t_warm;
+
+    /* Decode: matrix-vector products this small run faster on one BLAS
+     * thread (the library's own workers do the attention). */
+    openblas_set_num_threads(1);
+    uint64_t rng = o.seed * 0x2545f4914f6cdd1dull + 1;
+    int32_t tok = (int32_t)sample(w.logits, c->vocab, o.temp, o.top_p, &rng, ps), prev = -1;
+    uint32_t agree = 0, compared = 0;
+    double max_diff = 0;
+    kvt_stats st0[2];
+    for (int i = 0; i < nkc; i++) {
+        st0[i].struct_size = sizeof st0[i];
+        CHECK(kvt_pool_stats(kc[i].pool, &st0[i]));
+    }
+    if (!o.quiet)
+        printf("%s", tk ? "" : "ids:");
+    for (uint32_t g2 = 0; g2 < o.gen; g2++) {
+        if (!o.quiet) {
+            emit(tk, prev, tok);
+            fflush(stdout);
+        }
+        prev = tok;
+        if (g2 + 1 == o.gen)
+            break;
+        const uint32_t pos = T + g2;
+        decode_token(&m, &kc[0], tok, pos, &w);
+        if (o.compare) {
+            memcpy(logits2, w.logits, c->vocab * sizeof *logits2); /* dense */
+            decode_token(&m, &kc[1], tok, pos, &w);                 /* tiered */
+            compared++;
+            agree += argmax(logits2, c->vocab) == argmax(w.logits, c->vocab);
+            for (uint32_t i = 0; i < c->vocab; i++) {
+                double dd = fabs((double)logits2[i] - (double)w.logits[i]);
+                max_diff = dd > max_diff ? dd : max_diff;
+            }
+            memcpy(w.logits, logits2, c->vocab * sizeof *logits2); /* dense leads */
+        }
+        tok = (int32_t)sample(w.logits, c->vocab, o.temp, o.top_p, &rng, ps);
+        if (tk && tok == tok_eos(tk))
+            break;
+    }
+    if (!o.quiet)
+        printf("\n");
+
+    /* Summary. */
+    const uint32_t steps = o.gen > 1 ? o.gen - 1 : 0;
+    kvt_stats st[2];
+    for (int i = 0; i < nkc; i++) {
+        st[i].struct_size = sizeof st[i];
+        CHECK(kvt_pool_stats(kc[i].pool, &st[i]));
+        CHECK(kvt_pool_check(kc[i].pool));
+    }
+    kvcache *tv = &kc[nkc - 1]; /* the tiered cache when there is one */
+    const kvt_stats *ts = &st[nkc - 1];
+    const double dense_bytes = (double)(tv->sz.dense_bytes - ts->block_bytes);
+    const double dev = (double)ts->tier[KVT_TIER_DEVICE].bytes_used;
+    const double tps = steps ? steps / tv->t_decode : 0;
+    const double h2d = (double)(ts->moved_bytes[KVT_DIR_HOST_TO_DEVICE] -
+                                st0[nkc - 1].moved_bytes[KVT_DIR_HOST_TO_DEVICE]);
+    const uint64_t sp = ts->sel_pages - st0[nkc - 1].sel_pages;
+    const double hit = sp ? (double)(ts->sel_resident - st0[nkc - 1].sel_resident) / (double)sp : 1.0;
+    fprintf(stderr, "prefill: %u tokens in %.2f s (%.0f tokens/s; kvtier append%s %.2f s)\n", T,
+            t_prefill, T / t_prefill, tv->tiered ? " + warm-up" : "",
+            tv->t_prefill_kv + (tv->tiered ? t_warm : 0));
+    fprintf(stderr, "decode: %u tokens, %.1f tokens/s (%s)", steps, tps,
+            tv->tiered ? "tiered" : "dense");
+    if (o.compare)
+        fprintf(stderr, ", dense %.1f tokens/s: %.2fx", steps / kc[0].t_decode,
+                kc[0].t_decode / tv->t_decode);
+    for (int i = 0; i < nkc && steps; i++)
+        fprintf(stderr, "\n  %s per token: %.2f ms = plan+finish %.2f + kvt_append %.2f + select "
+                "%.2f + attention %.2f + the model's own %.2f", kc[i].tiered ? "tiered" : "dense",
+                1e3 * kc[i].t_decode / steps, 1e3 * kc[i].t_plan / steps,
+                1e3 * kc[i].t_append / steps, 1e3 * kc[i].t_select / steps,
+                1e3 * kc[i].t_attend / steps,
+                1e3 * (kc[i].t_decode - kc[i].t_plan - kc[i].t_append - kc[i].t_select -
+                       kc[i].t_attend) / steps);
+    fprintf(stderr, "\nKV: device %.1f MiB = %.1f%% of dense %.1f MiB; host %.1f MiB, disk %.1f "
+            "MiB; moved host->device %.2f MiB (%.1f KiB/token); hit rate %.3f\n",
+            dev / 1048576, 100 * dev / dense_bytes, dense_bytes / 1048576,
+            (double)ts->tier[KVT_TIER_HOST].bytes_used / 1048576,
+            (double)ts->tier[KVT_TIER_DISK].bytes_used / 1048576, h2d / 1048576,
+            steps ? h2d / 1024 / steps : 0, hit);
+    if (o.compare)
+        fprintf(stderr, "compare: top-1 agreement %u/%u (%.3f), max |logit difference| %.4g\n",
+                agree, compared, compared ? (double)agree / compared : 1.0, max_diff);
+    if (o.json) {
+        printf("{\"model\":\"%s\",\"kv\":\"%s\",\"prompt_tokens\":%u,\"gen_tokens\":%u,"
+               "\"threads\":%u,\"budget_tokens\":%u,\"prefill_s\":%.3f,\"prefill_tok_s\":%.1f,"
+               "\"decode_tok_s\":%.2f,\"device_bytes\":%.0f,\"dense_bytes\":%.0f,"
+               "\"device_fraction\":%.4f,\"host_bytes\":%llu,\"disk_bytes\":%llu,"
+               "\"h2d_bytes\":%.0f,\"hit_rate\":%.4f",
+               synthetic ? "synthetic" : m.desc, o.compare ? "compare" : tv->tiered ? "tiered" : "dense",
+               T, steps, o.threads, o.budget, t_prefill, T / t_prefill, tps, dev, dense_bytes,
+               dev / dense_bytes, (unsigned long long)ts->tier[KVT_TIER_HOST].bytes_used,
+               (unsigned long long)ts->tier[KVT_TIER_DISK].bytes_used, h2d, hit);
+        if (o.compare)
+            printf(",\"dense_decode_tok_s\":%.2f,\"decode_speedup\":%.3f,\"top1_agreement\":%.4f,"
+                   "\"max_logit_diff\":%.5g,\"compared\":%u",
+                   steps / kc[0].t_decode, kc[0].t_decode / tv->t_decode,
+                   compared ? (double)agree / compared : 1.0, max_diff, compared);
+        printf("}\n");
+    }
+    for (int i = 0; i < nkc; i++)
+        kv_close(&kc[i]);
+    free(obs);
+    free(prompt);
+    free(logits2);
+    free(ps);
+    free(w.x);
+    free(w.xb);
+    free(w.q);
+    free(w.att);
+    free(w.k);
+    free(w.v);
+    free(w.h1);
+    free(w.h3);
+    free(w.logits);
+    tok_free(tk);
+    model_free(&m);
+    gguf_close(&g);
+    return 0;
+}
