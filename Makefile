@@ -128,8 +128,9 @@ TESTS_STATIC := test_convert test_crc32c test_mckp test_profiler
 # Fault-injection tests link a static library whose tier sources are built
 # with KVT_FAULT_INJECTION; the installed library never has the hooks.
 TESTS_FAULT  := test_mover_faults test_place_faults
-# Tests of the example decoder's own parts (GGUF reader, tokenizers): no libkvtier.
-TESTS_DECODE := test_gguf test_tokenizer
+# Tests of the example decoder's own parts (GGUF reader, tokenizers): no
+# libkvtier; test_decode_model runs the decoder's engine on a GGUF it writes.
+TESTS_DECODE := test_gguf test_tokenizer test_decode_model
 TEST_BINS := $(addprefix $(O)/tests/,$(TESTS_SHARED) $(TESTS_STATIC) $(TESTS_FAULT) \
              $(TESTS_DECODE) test_cxx_headers)
 TEST_SCRIPTS := tests/test_symbols.sh tests/test_man.sh tests/test_install.sh \
@@ -204,8 +205,8 @@ $(O)/bin/kvtier-bench: examples/bench/bench.c examples/bench/bench_io.c examples
 
 # The example decoder: OpenBLAS for the model's products, -O3 and
 # -fopenmp-simd so its small loops vectorise.
-DECODE_SRCS := examples/decode/main.c examples/decode/model.c examples/decode/gguf.c \
-               examples/decode/tokenizer.c
+DECODE_SRCS := examples/decode/main.c examples/decode/engine.c examples/decode/model.c \
+               examples/decode/gguf.c examples/decode/tokenizer.c
 DECODE_HDRS := $(wildcard examples/decode/*.h)
 $(O)/bin/kvtier-decode: $(DECODE_SRCS) $(DECODE_HDRS) $(LIB_SO)
 	@mkdir -p $(dir $@)
@@ -248,6 +249,15 @@ $(O)/tests/test_tokenizer: tests/test_tokenizer.c examples/decode/tokenizer.c ex
 	@mkdir -p $(dir $@)
 	$(CC) $(TEST_CFLAGS) -Iexamples/decode tests/test_tokenizer.c examples/decode/tokenizer.c \
 	  examples/decode/gguf.c -o $@ $(CMOCKA_LIBS) $(LDFLAGS) -lm
+
+DECODE_LIB_SRCS := examples/decode/engine.c examples/decode/model.c examples/decode/gguf.c \
+                   examples/decode/tokenizer.c
+$(O)/tests/test_decode_model: tests/test_decode_model.c $(DECODE_LIB_SRCS) $(DECODE_HDRS) \
+                              tests/testutil.h $(LIB_SO)
+	@mkdir -p $(dir $@)
+	$(CC) $(TEST_CFLAGS) $(BLAS_CFLAGS) -Iexamples/decode tests/test_decode_model.c \
+	  $(DECODE_LIB_SRCS) -o $@ -L$(O)/lib -lkvtier -Wl,-rpath,'$$ORIGIN/../lib' $(CMOCKA_LIBS) \
+	  $(LDFLAGS) $(BLAS_LIBS) -lm
 
 # The public headers must compile as strict C11 and as C++17, warnings fatal.
 $(O)/tests/test_c_headers: TEST_EXTRA = -Wpedantic -Werror

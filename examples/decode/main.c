@@ -30,6 +30,7 @@
 #include <kvtier/kvtier.h>
 
 #include "gguf.h"
+#include "engine.h"
 #include "model.h"
 #include "tokenizer.h"
 
@@ -175,208 +176,6 @@ static void parse(int argc, char **argv, opts *o)
         die("give --prompt or --prompt-file, not both%s", "");
     if (!(o->temp >= 0) || !(o->top_p > 0 && o->top_p <= 1))
         die("--temp must be >= 0 and --top-p in (0, 1]%s", "");
-}
-
-/* ---- one KV cache: a pool and the sequence in it ----------------------------------- */
-typedef struct kvcache {
-    int tiered;
-    kvt_pool *pool;
-    kvt_seq_id seq;
-    kvt_policy *pol;
-    kvt_selector *sel;
-    kvt_pool_sizing sz;
-    double t_decode;      /* seconds in the decode forward */
-    double t_prefill_kv;  /* seconds in kvt_seq_append + warm-up */
-    double t_append, t_select, t_attend; /* decode: kvt_append, rerank, sparse decode */
-    double t_plan;        /* decode: kvt_step_plan + kvt_step_finish */
-} kvcache;
-
-static void kv_open(kvcache *kc, const model *m, const opts *o, int tiered, uint32_t ctx)
-{
-    memset(kc, 0, sizeof *kc);
-    kc->tiered = tiered;
-    const model_cfg *c = &m->c;
-    kvt_pool_opts po;
-    CHECK(kvt_pool_opts_init(&po));
-    po.backend = KVT_BACKEND_CPU;
-    po.geom.n_layers = c->n_layers;
-    po.geom.n_kv_heads = c->n_kv_heads;
-    po.geom.n_q_heads = c->n_heads;
-    po.geom.head_dim = c->head_dim;
-    po.geom.page_tokens = 16;
-    po.geom.dtype = KVT_DTYPE_F16;
-    po.n_threads = o->threads;
-    po.max_seqs = 4;
-    po.max_seq_tokens = ctx + 1;
-    po.target_tokens = ctx + 1;
-    po.target_seqs = 1;
-    if (tiered) {
-        const uint32_t P = po.geom.page_tokens, nlh = c->n_layers * c->n_kv_heads;
-        if (o->policy) {
-            CHECK(kvt_policy_load(&kc->pol, o->policy, &po.geom));
-        } else {
-            kvt_head_class *cls = xmalloc(nlh * sizeof *cls);
-            for (uint32_t i = 0; i < nlh; i++)
-                cls[i] = i % 8 == 0 ? KVT_HEAD_UNSTABLE : KVT_HEAD_STABLE;
-            kvt_policy_opts pol;
-            CHECK(kvt_policy_opts_init(&pol));
-            pol.top_k_pages = (o->budget + P - 1) / P;
-            kvt_policy_heads ph = {.struct_size = sizeof ph, .n_heads = nlh, .head_class = cls};
-            CHECK(kvt_policy_create_heads(&kc->pol, &po.geom, &pol, &ph));
-            free(cls);
-        }
-        CHECK(kvt_selector_create(&kc->sel, &po.geom, NULL));
-        po.policy = kc->pol;
-        po.selector = kc->sel;
-    }
-    kc->sz.struct_size = sizeof kc->sz;
-    CHECK(kvt_pool_sizing_get(&po, &kc->sz));
-    uint64_t block;
-    CHECK(kvt_geometry_block_bytes(&po.geom, &block));
-    /* The device tier from the sizing, plus room for one prefill chunk of
-     * new pages per KV head before they are copied out. */
-    po.device_bytes = kc->sz.device_bytes + (uint64_t)c->n_kv_heads * (512 / 16 + 1) * block;
-    if (tiered) {
-        const uint64_t all = kc->sz.dense_bytes;
-        po.host_bytes = o->disk ? all / 4 + 2 * block : all;
-        if (o->disk) {
-            po.disk_dir = o->disk;
-            po.disk_bytes = all + all / 4 + (64u << 20);
-        }
-    }
-    CHECK(kvt_pool_create(&kc->pool, &po));
-    CHECK(kvt_seq_create(kc->pool, NULL, &kc->seq));
-}
-
-static void kv_close(kvcache *kc)
-{
-    kvt_pool_destroy(kc->pool);
-    kvt_selector_destroy(kc->sel);
-    kvt_policy_destroy(kc->pol);
-}
-
-/* ---- the forward pass ------------------------------------------------------------- */
-typedef struct work {
-    float *x, *xb, *q, *k, *v, *att, *h1, *h3, *logits;
-} work;
-
-static void progress(const char *what, double frac)
-{
-    int w = 40, fill = (int)(frac * w + 0.5);
-    fprintf(stderr, "\r%-8s [%.*s%*s] %3d%%", what, fill, "########################################",
-            w - fill, "", (int)(frac * 100 + 0.5));
-    if (frac >= 1.0)
-        fprintf(stderr, "\n");
-}
-
-/* Prefill of tokens[0..T): layer-major, every product a GEMM, the prompt's
- * own causal attention by GEMM over chunks of queries; K and V of each
- * layer go to every cache. Leaves the last position's logits in w->logits
- * and, for warm-up, the queries of the last n_obs tokens in obs
- * [L][n_obs][H][hd]. */
-static void prefill(const model *m, const int32_t *tokens, uint32_t T, kvcache *kc, int nkc,
-                    float *logits, float *obs, uint32_t n_obs, int show, uint32_t nthreads)
-{
-    const model_cfg *c = &m->c;
-    const size_t d = c->dim, q = model_qdim(c), kv = model_kvdim(c), L = c->n_layers;
-    float *X = xmalloc((size_t)T * d * sizeof *X), *XB = xmalloc((size_t)T * d * sizeof *XB);
-    float *Q = xmalloc((size_t)T * q * sizeof *Q), *O = xmalloc((size_t)T * q * sizeof *O);
-    float *K = xmalloc((size_t)T * kv * sizeof *K), *V = xmalloc((size_t)T * kv * sizeof *V);
-    const size_t MC = 1024; /* MLP rows at a time */
-    float *h1 = xmalloc(MC * c->hidden * sizeof *h1), *h3 = xmalloc(MC * c->hidden * sizeof *h3);
-    for (uint32_t t = 0; t < T; t++)
-        memcpy(X + (size_t)t * d, m->tok_emb + (size_t)tokens[t] * d, d * sizeof *X);
-    const size_t AC = 2048; /* queries per progress tick */
-    const double work_total = (double)L * T;
-    for (uint32_t l = 0; l < L; l++) {
-        model_rmsnorm(c, XB, X, m->rms_att + l * d, T);
-        model_matmul(Q, XB, m->wq + l * q * d, m->bq ? m->bq + l * q : NULL, T, (uint32_t)q, c->dim);
-        model_matmul(K, XB, m->wk + l * kv * d, m->bk ? m->bk + l * kv : NULL, T, (uint32_t)kv, c->dim);
-        model_matmul(V, XB, m->wv + l * kv * d, m->bv ? m->bv + l * kv : NULL, T, (uint32_t)kv, c->dim);
-        model_rope(c, Q, T, c->n_heads, 0);
-        model_rope(c, K, T, c->n_kv_heads, 0);
-        for (int i = 0; i < nkc; i++) {
-            double t0 = now_s();
-            for (uint32_t t0k = 0; t0k < T; t0k += 512) {
-                const uint32_t n = T - t0k < 512 ? T - t0k : 512;
-                CHECK(kvt_seq_append(kc[i].pool, kc[i].seq, l, K + (size_t)t0k * kv,
-                                     V + (size_t)t0k * kv, n, KVT_DTYPE_F32, 0));
-            }
-            kc[i].t_prefill_kv += now_s() - t0;
-        }
-        if (obs)
-            for (uint32_t j = 0; j < n_obs; j++)
-                memcpy(obs + ((size_t)l * n_obs + j) * q, Q + (size_t)(T - n_obs + j) * q,
-                       q * sizeof *obs);
-        for (size_t i0 = 0; i0 < T; i0 += AC) {
-            const size_t nc = T - i0 < AC ? T - i0 : AC;
-            model_prefill_attention(c, Q + i0 * q, K, V, nc, (uint32_t)i0, O + i0 * q, nthreads);
-            if (show)
-                progress("prefill", ((double)l * T + (double)(i0 + nc)) / work_total);
-        }
-        model_matmul(XB, O, m->wo + l * d * q, NULL, T, c->dim, (uint32_t)q);
-        for (size_t i = 0; i < (size_t)T * d; i++)
-            X[i] += XB[i];
-        for (size_t r0 = 0; r0 < T; r0 += MC) {
-            const size_t nr = T - r0 < MC ? T - r0 : MC;
-            model_mlp(m, l, X + r0 * d, nr, XB + r0 * d, h1, h3);
-        }
-    }
-    model_rmsnorm(c, XB, X + (size_t)(T - 1) * d, m->rms_final, 1);
-    model_matmul(logits, XB, m->wcls, NULL, 1, c->vocab, c->dim);
-    free(X);
-    free(XB);
-    free(Q);
-    free(O);
-    free(K);
-    free(V);
-    free(h1);
-    free(h3);
-}
-
-/* One decode token at position pos through cache kc; logits out. */
-static void decode_token(const model *m, kvcache *kc, int32_t tok, uint32_t pos, work *w)
-{
-    const model_cfg *c = &m->c;
-    const size_t d = c->dim, q = model_qdim(c), kv = model_kvdim(c);
-    double t0 = now_s();
-    memcpy(w->x, m->tok_emb + (size_t)tok * d, d * sizeof *w->x);
-    kvt_step_opts so;
-    CHECK(kvt_step_opts_init(&so));
-    if (!kc->tiered)
-        so.flags = KVT_STEP_DENSE;
-    kvt_step *st;
-    double tp = now_s();
-    CHECK(kvt_step_plan(kc->pool, &kc->seq, 1, &so, &st));
-    kc->t_plan += now_s() - tp;
-    for (uint32_t l = 0; l < c->n_layers; l++) {
-        model_rmsnorm(c, w->xb, w->x, m->rms_att + l * d, 1);
-        model_matmul(w->q, w->xb, m->wq + l * q * d, m->bq ? m->bq + l * q : NULL, 1, (uint32_t)q, c->dim);
-        model_matmul(w->k, w->xb, m->wk + l * kv * d, m->bk ? m->bk + l * kv : NULL, 1, (uint32_t)kv, c->dim);
-        model_matmul(w->v, w->xb, m->wv + l * kv * d, m->bv ? m->bv + l * kv : NULL, 1, (uint32_t)kv, c->dim);
-        model_rope(c, w->q, 1, c->n_heads, pos);
-        model_rope(c, w->k, 1, c->n_kv_heads, pos);
-        double ta = now_s();
-        CHECK(kvt_append(st, l, w->k, w->v, KVT_DTYPE_F32, 0));
-        double tb = now_s();
-        CHECK(kvt_rerank_recycle(st, l, w->q));
-        double tc = now_s();
-        CHECK(kvt_sparse_decode(st, l, w->q, w->att, NULL));
-        double td = now_s();
-        kc->t_append += tb - ta;
-        kc->t_select += tc - tb;
-        kc->t_attend += td - tc;
-        model_matmul(w->xb, w->att, m->wo + l * d * q, NULL, 1, c->dim, (uint32_t)q);
-        for (size_t i = 0; i < d; i++)
-            w->x[i] += w->xb[i];
-        model_mlp(m, l, w->x, 1, w->xb, w->h1, w->h3);
-    }
-    tp = now_s();
-    CHECK(kvt_step_finish(st));
-    kc->t_plan += now_s() - tp;
-    model_rmsnorm(c, w->xb, w->x, m->rms_final, 1);
-    model_matmul(w->logits, w->xb, m->wcls, NULL, 1, c->vocab, c->dim);
-    kc->t_decode += now_s() - t0;
 }
 
 /* ---- sampling ------------------------------------------------------------------- */
@@ -553,11 +352,12 @@ int main(int argc, char **argv)
     /* The caches: one, or dense + tiered for --compare. */
     kvcache kc[2];
     int nkc = o.compare ? 2 : 1;
+    const engine_opts eo = {o.budget, o.threads, o.policy, o.disk};
     if (o.compare) {
-        kv_open(&kc[0], &m, &o, 0, ctx);
-        kv_open(&kc[1], &m, &o, 1, ctx);
+        kv_open(&kc[0], &m, &eo, 0, ctx);
+        kv_open(&kc[1], &m, &eo, 1, ctx);
     } else {
-        kv_open(&kc[0], &m, &o, o.tiered, ctx);
+        kv_open(&kc[0], &m, &eo, o.tiered, ctx);
     }
     if (!o.quiet)
         fprintf(stderr, "%s: %s; %u layers, %u/%u heads x %u, vocab %u; prompt %u tokens, "
@@ -569,19 +369,11 @@ int main(int argc, char **argv)
     const uint32_t n_obs = T < 32 ? T : 32;
     float *obs = xmalloc((size_t)c->n_layers * n_obs * model_qdim(c) * sizeof *obs);
     work w;
-    w.x = xmalloc(c->dim * sizeof(float));
-    w.xb = xmalloc((c->dim > c->hidden ? c->dim : c->hidden) * sizeof(float));
-    w.q = xmalloc(model_qdim(c) * sizeof(float));
-    w.att = xmalloc(model_qdim(c) * sizeof(float));
-    w.k = xmalloc(model_kvdim(c) * sizeof(float));
-    w.v = xmalloc(model_kvdim(c) * sizeof(float));
-    w.h1 = xmalloc(c->hidden * sizeof(float));
-    w.h3 = xmalloc(c->hidden * sizeof(float));
-    w.logits = xmalloc(c->vocab * sizeof(float));
+    work_init(&w, c);
     float *logits2 = xmalloc(c->vocab * sizeof(float));
     prob *ps = xmalloc(c->vocab * sizeof *ps);
     double t0 = now_s();
-    prefill(&m, prompt, T, kc, nkc, w.logits, obs, n_obs, !o.quiet || T >= 4096, o.threads);
+    engine_prefill(&m, prompt, T, kc, nkc, w.logits, obs, n_obs, !o.quiet || T >= 4096, o.threads);
     double t_warm = now_s();
     for (int i = 0; i < nkc; i++)
         if (kc[i].tiered) {
@@ -619,10 +411,10 @@ int main(int argc, char **argv)
         if (g2 + 1 == o.gen)
             break;
         const uint32_t pos = T + g2;
-        decode_token(&m, &kc[0], tok, pos, &w);
+        engine_decode(&m, &kc[0], tok, pos, &w);
         if (o.compare) {
             memcpy(logits2, w.logits, c->vocab * sizeof *logits2); /* dense */
-            decode_token(&m, &kc[1], tok, pos, &w);                 /* tiered */
+            engine_decode(&m, &kc[1], tok, pos, &w);                 /* tiered */
             compared++;
             agree += argmax(logits2, c->vocab) == argmax(w.logits, c->vocab);
             for (uint32_t i = 0; i < c->vocab; i++) {
@@ -703,15 +495,7 @@ int main(int argc, char **argv)
     free(prompt);
     free(logits2);
     free(ps);
-    free(w.x);
-    free(w.xb);
-    free(w.q);
-    free(w.att);
-    free(w.k);
-    free(w.v);
-    free(w.h1);
-    free(w.h3);
-    free(w.logits);
+    work_free(&w);
     tok_free(tk);
     model_free(&m);
     gguf_close(&g);

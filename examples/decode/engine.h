@@ -1,0 +1,59 @@
+/* kvtier-decode: the engine's use of libkvtier - one KV cache (a pool and
+ * the sequence in it), the prefill that fills it and the decode step that
+ * attends through it. Split from main.c so tests can drive the same code. */
+#ifndef KVTD_ENGINE_H
+#define KVTD_ENGINE_H
+
+#include <stdint.h>
+
+#include <kvtier/kvtier.h>
+
+#include "model.h"
+
+/* The options a cache needs (from the command line). */
+typedef struct engine_opts {
+    uint32_t budget;     /* tokens each head attends (top-K pages x page size) */
+    uint32_t threads;    /* worker threads; 0 = online CPUs */
+    const char *policy;  /* profile file, or NULL for the built-in policy */
+    const char *disk;    /* disk tier directory, or NULL */
+} engine_opts;
+
+/* ---- one KV cache: a pool and the sequence in it ----------------------------------- */
+typedef struct kvcache {
+    int tiered;
+    kvt_pool *pool;
+    kvt_seq_id seq;
+    kvt_policy *pol;
+    kvt_selector *sel;
+    kvt_pool_sizing sz;
+    double t_decode;      /* seconds in the decode forward */
+    double t_prefill_kv;  /* seconds in kvt_seq_append + warm-up */
+    double t_append, t_select, t_attend; /* decode: kvt_append, rerank, sparse decode */
+    double t_plan;        /* decode: kvt_step_plan + kvt_step_finish */
+} kvcache;
+
+/* Creates the pool (tiered: policy, selector, host tier sized for every
+ * page, or 25% of it with a disk tier) and one sequence, for ctx tokens.
+ * Exits with the library's message on failure. */
+void kv_open(kvcache *kc, const model *m, const engine_opts *o, int tiered, uint32_t ctx);
+void kv_close(kvcache *kc);
+
+typedef struct work {
+    float *x, *xb, *q, *k, *v, *att, *h1, *h3, *logits;
+} work;
+
+/* Decode scratch for a model of configuration c. */
+void work_init(work *w, const model_cfg *c);
+void work_free(work *w);
+
+/* Prefill of tokens[0..T) into every cache of kc[nkc]: layer-major, every
+ * product a GEMM, the prompt's own causal attention over chunks of queries
+ * (nthreads threads). logits receives the last position's logits; obs, when
+ * not NULL, the queries of the last n_obs tokens [L][n_obs][H][hd] (for
+ * kvt_seq_warmup). show: a progress bar on stderr. */
+void engine_prefill(const model *m, const int32_t *tokens, uint32_t T, kvcache *kc, int nkc,
+                    float *logits, float *obs, uint32_t n_obs, int show, uint32_t nthreads);
+/* One decode token at position pos through cache kc; logits to w->logits. */
+void engine_decode(const model *m, kvcache *kc, int32_t tok, uint32_t pos, work *w);
+
+#endif /* KVTD_ENGINE_H */
