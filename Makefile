@@ -130,7 +130,7 @@ TESTS_STATIC := test_convert test_crc32c test_mckp test_profiler
 TESTS_FAULT  := test_mover_faults test_place_faults
 # Tests of the example decoder's own parts (GGUF reader, tokenizers): no
 # libkvtier; test_decode_model runs the decoder's engine on a GGUF it writes.
-TESTS_DECODE := test_gguf test_tokenizer test_decode_model
+TESTS_DECODE := test_gguf test_tokenizer
 TEST_BINS := $(addprefix $(O)/tests/,$(TESTS_SHARED) $(TESTS_STATIC) $(TESTS_FAULT) \
              $(TESTS_DECODE) test_cxx_headers)
 TEST_SCRIPTS := tests/test_symbols.sh tests/test_man.sh tests/test_install.sh \
