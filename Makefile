@@ -130,7 +130,7 @@ TESTS_STATIC := test_convert test_crc32c test_mckp test_profiler
 TESTS_FAULT  := test_mover_faults test_place_faults
 # Tests of the example decoder's own parts (GGUF reader, tokenizers): no
 # libkvtier; test_decode_model runs the decoder's engine on a GGUF it writes.
-TESTS_DECODE := test_gguf test_tokenizer
+TESTS_DECODE := test_gguf test_tokenizer test_decode_model
 TEST_BINS := $(addprefix $(O)/tests/,$(TESTS_SHARED) $(TESTS_STATIC) $(TESTS_FAULT) \
              $(TESTS_DECODE) test_cxx_headers)
 TEST_SCRIPTS := tests/test_symbols.sh tests/test_man.sh tests/test_install.sh \
@@ -255,7 +255,7 @@ DECODE_LIB_SRCS := examples/decode/engine.c examples/decode/model.c examples/dec
 $(O)/tests/test_decode_model: tests/test_decode_model.c $(DECODE_LIB_SRCS) $(DECODE_HDRS) \
                               tests/testutil.h $(LIB_SO)
 	@mkdir -p $(dir $@)
-	$(CC) $(TEST_CFLAGS) $(BLAS_CFLAGS) -Iexamples/decode tests/test_decode_model.c \
+	$(CC) $(TEST_CFLAGS) $(BLAS_CFLAGS) -fopenmp-simd -Iexamples/decode tests/test_decode_model.c \
 	  $(DECODE_LIB_SRCS) -o $@ -L$(O)/lib -lkvtier -Wl,-rpath,'$$ORIGIN/../lib' $(CMOCKA_LIBS) \
 	  $(LDFLAGS) $(BLAS_LIBS) -lm
 
