@@ -36,10 +36,14 @@ if [ -f "$M" ]; then
     2>"$TMP/m.err" || { cat "$TMP/m.err"; fail "stories260K compare"; }
   agree=$(field top1_agreement <"$TMP/m.json"); diff=$(field max_logit_diff <"$TMP/m.json")
   [ "$agree" = "1.0000" ] && [ "$diff" = "0" ] || fail "stories260K: agreement $agree, diff $diff"
-  "$BIN" --model "$M" --gen 64 --compare --budget 128 --json --quiet >"$TMP/q.json" \
-    2>/dev/null || fail "stories260K at a 25% budget"
-  echo "stories260K, 64 greedy steps: every page: identical; 25% budget (128 of 512 tokens):" \
-       "top-1 agreement $(field top1_agreement <"$TMP/q.json")"
+  # A 25% budget: 400 prompt tokens + 64 generated, 112 tokens attended
+  # (7 pages by score plus sink, local and last pages). Reported, not
+  # asserted: agreement depends on the model and the prompt.
+  "$BIN" --model "$M" --prompt-tokens 400 --gen 64 --compare --budget 112 --json --quiet \
+    >"$TMP/q.json" 2>/dev/null || fail "stories260K at a 25% budget"
+  echo "stories260K, 64 greedy steps: every page: identical; 25% budget (112 of 464 tokens):" \
+       "top-1 agreement $(field top1_agreement <"$TMP/q.json"), device fraction" \
+       "$(field device_fraction <"$TMP/q.json")"
   # Malformed: truncated checkpoint.
   head -c 100000 "$M" >"$TMP/trunc.bin"
   "$BIN" --model "$TMP/trunc.bin" --gen 2 >/dev/null 2>"$TMP/e"; rc=$?
