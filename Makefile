@@ -240,7 +240,8 @@ $(addprefix $(O)/tests/,$(TESTS_FAULT)): $(O)/tests/%: tests/%.c tests/testutil.
 	$(CC) $(TEST_CFLAGS) -DKVT_FAULT_INJECTION $< -o $@ $(O)/lib/libkvtier-fault.a $(CMOCKA_LIBS) \
 	  $(LIB_LDLIBS) $(LDFLAGS)
 
-$(O)/tests/test_gguf: tests/test_gguf.c examples/decode/gguf.c examples/decode/gguf.h
+$(O)/tests/test_gguf: tests/test_gguf.c tests/gguf_writer.h examples/decode/gguf.c \
+                     examples/decode/gguf.h
 	@mkdir -p $(dir $@)
 	$(CC) $(TEST_CFLAGS) -Iexamples/decode tests/test_gguf.c examples/decode/gguf.c -o $@ \
 	  $(CMOCKA_LIBS) $(LDFLAGS) -lm
@@ -253,7 +254,7 @@ $(O)/tests/test_tokenizer: tests/test_tokenizer.c examples/decode/tokenizer.c ex
 DECODE_LIB_SRCS := examples/decode/engine.c examples/decode/model.c examples/decode/gguf.c \
                    examples/decode/tokenizer.c
 $(O)/tests/test_decode_model: tests/test_decode_model.c $(DECODE_LIB_SRCS) $(DECODE_HDRS) \
-                              tests/testutil.h $(LIB_SO)
+                              tests/testutil.h tests/gguf_writer.h $(LIB_SO)
 	@mkdir -p $(dir $@)
 	$(CC) $(TEST_CFLAGS) $(BLAS_CFLAGS) -fopenmp-simd -Iexamples/decode tests/test_decode_model.c \
 	  $(DECODE_LIB_SRCS) -o $@ -L$(O)/lib -lkvtier -Wl,-rpath,'$$ORIGIN/../lib' $(CMOCKA_LIBS) \

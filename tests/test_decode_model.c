@@ -24,6 +24,8 @@
 #include "model.h"
 #include "tokenizer.h"
 
+#include "gguf_writer.h"
+
 /* ---- the tiny model's shape ------------------------------------------------------ */
 enum { DIM = 32, HID = 48, NL = 2, NH = 4, NKV = 2, HD = DIM / NH, CTX = 64 };
 #define QD (NH * HD)
@@ -31,48 +33,7 @@ enum { DIM = 32, HID = 48, NL = 2, NH = 4, NKV = 2, HD = DIM / NH, CTX = 64 };
 #define THETA 10000.0f
 #define EPS 1e-5f
 
-/* ---- a GGUF writer into memory --------------------------------------------------- */
-typedef struct {
-    uint8_t *p;
-    size_t n, cap;
-} wb;
-
-static void wb_put(wb *w, const void *d, size_t n)
-{
-    if (w->n + n > w->cap) {
-        size_t c = w->cap ? w->cap : 256;
-        while (c < w->n + n)
-            c *= 2;
-        w->p = realloc(w->p, c);
-        assert_non_null(w->p);
-        w->cap = c;
-    }
-    if (n)
-        memcpy(w->p + w->n, d, n);
-    w->n += n;
-}
-static void wb_free(wb *w)
-{
-    free(w->p);
-    memset(w, 0, sizeof *w);
-}
-static void w_le(wb *w, uint64_t v, int bytes)
-{
-    for (int i = 0; i < bytes; i++) {
-        uint8_t b = (uint8_t)(v >> (8 * i));
-        wb_put(w, &b, 1);
-    }
-}
-static void w_str(wb *w, const char *s)
-{
-    w_le(w, strlen(s), 8);
-    wb_put(w, s, strlen(s));
-}
-static void w_key(wb *w, const char *key, uint32_t type)
-{
-    w_str(w, key);
-    w_le(w, type, 4);
-}
+/* ---- metadata helpers over gguf_writer.h ------------------------------------------ */
 static void kv_str(wb *w, const char *key, const char *v)
 {
     w_key(w, key, GGUF_T_STRING);
