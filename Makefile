@@ -313,6 +313,8 @@ fuzz: | $(O)/config.mk
 	  -print_final_stats=1 -artifact_prefix=$(O)/fuzz/gguf- \
 	  $(O)/fuzz/corpus/gguf tests/fuzz/corpus/gguf
 
+include mk/abi.mk
+
 # CI: make sure cuda/ compiles whenever nvcc exists.
 cuda-compile:
 	@if [ -n "$(NVCC)" ]; then $(MAKE) O=$(O) CUDA=1 lib && echo "cuda-compile: ok ($(NVCC))"; \
