@@ -1,7 +1,9 @@
 #!/bin/sh
-# make install into a DESTDIR, then build out-of-tree C and C++ programs with
+# make install into a DESTDIR, then build out-of-tree C and C++ programs (the
+# minimal example, the header consumer, examples/cpp's tiered loop) with
 # `pkg-config --cflags --libs kvtier` against it and run them; then check
-# that make uninstall removes every installed file.
+# that make uninstall removes every installed file. (The Rust consumer is
+# built against an installed tree by tests/test_rust.sh.)
 set -eu
 O=${O:-build}
 MAKE=${MAKE:-make}
@@ -30,11 +32,15 @@ flags=$(pkg-config --cflags --libs kvtier)
 echo "pkg-config --cflags --libs kvtier: $flags"
 cp "$top/examples/minimal.c" "$work/consumer.c"
 cp "$top/tests/test_cxx_headers.cpp" "$work/consumer.cpp"
+# The C++ example (RAII wrapper + tiered decode loop), out of the tree.
+cp "$top/examples/cpp/kvtier.hpp" "$top/examples/cpp/tiered_loop.cpp" "$work/"
 cd "$work"
 $CC -std=c11 -Wall -Wextra -Werror consumer.c -o consumer_c $flags
 $CXX -std=c++17 -Wall -Wextra -Werror consumer.cpp -o consumer_cxx $flags
+$CXX -std=c++17 -Wall -Wextra -Werror -O2 tiered_loop.cpp -o tiered_loop $flags
 LD_LIBRARY_PATH="$dest/usr/lib" ./consumer_c
 LD_LIBRARY_PATH="$dest/usr/lib" ./consumer_cxx
+LD_LIBRARY_PATH="$dest/usr/lib" ./tiered_loop | tail -n 1
 # The static library links too (private deps from Libs.private/Requires.private).
 # (no sysroot here: it would also prefix the CUDA toolkit's -L path)
 sflags=$(PKG_CONFIG_SYSROOT_DIR= pkg-config --static --cflags --libs \
