@@ -134,7 +134,8 @@ TESTS_DECODE := test_gguf test_tokenizer test_decode_model
 TEST_BINS := $(addprefix $(O)/tests/,$(TESTS_SHARED) $(TESTS_STATIC) $(TESTS_FAULT) \
              $(TESTS_DECODE) test_cxx_headers)
 TEST_SCRIPTS := tests/test_symbols.sh tests/test_man.sh tests/test_install.sh \
-                tests/test_profile_tool.sh tests/test_decode_tool.sh tests/test_cpp_example.sh
+                tests/test_profile_tool.sh tests/test_decode_tool.sh tests/test_cpp_example.sh \
+                tests/test_rust.sh
 
 .PHONY: all lib programs check check-asan check-valgrind demo install uninstall clean \
         distclean help tests cuda-compile fuzz

@@ -1,0 +1,278 @@
+//! Every struct of kvtier::sys against the C compiler's layout of the
+//! installed headers (printed by layout.c at build time): size, alignment,
+//! and each field's offset and size. A field the C struct has and the list
+//! below lacks, or the reverse, is a failure too.
+use kvtier::sys;
+use std::mem::{align_of, offset_of, size_of};
+
+mod c {
+    include!(concat!(env!("OUT_DIR"), "/layout.rs"));
+}
+
+struct RField {
+    name: &'static str,
+    offset: usize,
+    size: usize,
+}
+struct RStruct {
+    name: &'static str,
+    size: usize,
+    align: usize,
+    fields: Vec<RField>,
+}
+
+fn field_size<T, F>(_: fn(&T) -> &F) -> usize {
+    size_of::<F>()
+}
+
+macro_rules! rust_layout {
+    ($t:ident { $($f:ident),* $(,)? }) => {
+        RStruct {
+            name: stringify!($t),
+            size: size_of::<sys::$t>(),
+            align: align_of::<sys::$t>(),
+            fields: vec![$(RField {
+                name: stringify!($f),
+                offset: offset_of!(sys::$t, $f),
+                size: field_size(|s: &sys::$t| &s.$f),
+            }),*],
+        }
+    };
+}
+
+fn rust_structs() -> Vec<RStruct> {
+    vec![
+        rust_layout!(kvt_geometry {
+            n_layers,
+            n_kv_heads,
+            n_q_heads,
+            head_dim,
+            page_tokens,
+            dtype,
+            reserved
+        }),
+        rust_layout!(kvt_pool_opts {
+            struct_size,
+            backend,
+            geom,
+            device_bytes,
+            host_bytes,
+            disk_bytes,
+            disk_dir,
+            host_numa,
+            host_numa_node,
+            max_seqs,
+            max_seq_tokens,
+            n_threads,
+            flags,
+            cuda_device,
+            reserved0,
+            mover,
+            policy,
+            selector,
+            target_tokens,
+            target_seqs,
+            reserved1,
+        }),
+        rust_layout!(kvt_pool_sizing {
+            struct_size,
+            reserved,
+            device_bytes,
+            dense_bytes,
+            host_bytes,
+            meta_bytes,
+            device_pages,
+            dense_pages,
+        }),
+        rust_layout!(kvt_tier_stats {
+            blocks_total,
+            blocks_used,
+            blocks_free,
+            bytes_total,
+            bytes_used,
+            pages
+        }),
+        rust_layout!(kvt_stats {
+            struct_size,
+            backend,
+            block_bytes,
+            meta_bytes_total,
+            meta_pages_total,
+            meta_pages_used,
+            n_seqs,
+            n_tokens,
+            tier,
+            moved_bytes,
+            moved_requests,
+            sel_pages,
+            sel_resident,
+            promoted_pages,
+            recycled_blocks,
+            evicted_pages,
+            offloaded_pages,
+            reranked_heads,
+            paused_seqs,
+        }),
+        rust_layout!(kvt_seq_opts { struct_size, max_tokens, user_data }),
+        rust_layout!(kvt_seq_info {
+            struct_size,
+            max_tokens,
+            n_tokens,
+            n_tokens_max,
+            user_data,
+            pages,
+            pages_in_tier,
+        }),
+        rust_layout!(kvt_selector_opts {
+            struct_size,
+            method,
+            vote,
+            top_k_pages,
+            sink_pages,
+            local_pages,
+            rerank_interval,
+            vote_scale,
+        }),
+        rust_layout!(kvt_policy_opts {
+            struct_size,
+            default_class,
+            top_k_pages,
+            window,
+            sink_pages,
+            local_pages,
+            stable_interval,
+            unstable_interval,
+        }),
+        rust_layout!(kvt_policy_heads {
+            struct_size,
+            n_heads,
+            head_class,
+            top_k_pages,
+            window,
+            sink_pages,
+            local_pages,
+            rerank_interval,
+        }),
+        rust_layout!(kvt_policy_head_info {
+            struct_size,
+            head_class,
+            top_k_pages,
+            window,
+            sink_pages,
+            local_pages,
+            rerank_interval,
+            reserved,
+        }),
+        rust_layout!(kvt_profiler_opts {
+            struct_size,
+            window_steps,
+            unstable_fraction,
+            bottom_fraction,
+            max_streams,
+            reserved,
+        }),
+        rust_layout!(kvt_profiler_head_stats {
+            struct_size,
+            k_max,
+            records,
+            windows,
+            ranked_windows,
+            bottom,
+            mean_ts,
+            instability,
+            demand,
+            benefit,
+        }),
+        rust_layout!(kvt_step_opts {
+            struct_size,
+            flags,
+            selector,
+            scale,
+            reserved,
+            policy,
+            profiler
+        }),
+        rust_layout!(kvt_mover_opts {
+            struct_size,
+            flags,
+            copy_threads,
+            queue_depth,
+            max_io_bytes,
+            extent_pages,
+            segment_extents,
+            chunk_pages,
+        }),
+        rust_layout!(kvt_move { seq, layer, kv_head, page, from, to, flags }),
+        rust_layout!(kvt_mover_stats {
+            struct_size,
+            disk_direct,
+            registered,
+            queue_depth,
+            disk_file_bytes,
+            batches_in_flight,
+            moves_in_flight,
+            moved_bytes,
+            moved_requests,
+            disk_reads,
+            disk_writes,
+            disk_read_bytes,
+            disk_write_bytes,
+            retries,
+            short_io,
+            io_errors,
+            checksum_errors,
+            evictions,
+        }),
+    ]
+}
+
+#[test]
+fn structs_match_c_layout() {
+    let rust = rust_structs();
+    let mut errors = Vec::new();
+    for cs in c::ALL {
+        let Some(rs) = rust.iter().find(|r| r.name == cs.name) else {
+            errors.push(format!("{}: not checked on the Rust side", cs.name));
+            continue;
+        };
+        if rs.size != cs.size {
+            errors.push(format!("{}: size {} in Rust, {} in C", cs.name, rs.size, cs.size));
+        }
+        if rs.align != cs.align {
+            errors.push(format!("{}: align {} in Rust, {} in C", cs.name, rs.align, cs.align));
+        }
+        for cf in cs.fields {
+            match rs.fields.iter().find(|f| f.name == cf.name) {
+                None => errors.push(format!("{}.{}: missing in Rust", cs.name, cf.name)),
+                Some(rf) => {
+                    if (rf.offset, rf.size) != (cf.offset, cf.size) {
+                        errors.push(format!(
+                            "{}.{}: offset {} size {} in Rust, offset {} size {} in C",
+                            cs.name, cf.name, rf.offset, rf.size, cf.offset, cf.size
+                        ));
+                    }
+                }
+            }
+        }
+        for rf in &rs.fields {
+            if !cs.fields.iter().any(|f| f.name == rf.name) {
+                errors.push(format!("{}.{}: not in the C struct", cs.name, rf.name));
+            }
+        }
+    }
+    for rs in &rust {
+        if !c::ALL.iter().any(|c| c.name == rs.name) {
+            errors.push(format!("{}: not printed by layout.c", rs.name));
+        }
+    }
+    assert!(errors.is_empty(), "layout mismatches:\n  {}", errors.join("\n  "));
+    assert_eq!(c::ALL.len(), 17);
+}
+
+#[test]
+fn struct_size_fields_are_first() {
+    // The library reads struct_size to tell versions apart: it must lead.
+    assert_eq!(offset_of!(sys::kvt_pool_opts, struct_size), 0);
+    assert_eq!(c::KVT_POOL_OPTS.fields[0].name, "struct_size");
+    assert_eq!(c::KVT_STATS.size, size_of::<sys::kvt_stats>());
+}
