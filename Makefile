@@ -2,8 +2,9 @@
 #
 #   make                 library (build/lib) and programs (build/bin)
 #   make check           all tests              make check-asan      ASan + UBSan
-#   make check-valgrind  tests under valgrind   make demo            the end-to-end demo
-#   make fuzz            libFuzzer on the profile parser for FUZZ_TIME seconds (clang)
+#   make check-valgrind  tests under valgrind   make demo            kvtier-decode, embedded model
+#   make fuzz            libFuzzer on the profile parser and GGUF reader (FUZZ_TIME s each)
+#   make abi-check       ABI vs lib/libkvtier.abi   make abi-dump     rewrite the baseline
 #   make install / uninstall  (PREFIX, LIBDIR, INCLUDEDIR, MANDIR, BINDIR, DESTDIR)
 #   CUDA=0 turns the CUDA backend off (default: on when nvcc is found)
 #   WERROR=1 turns warnings into errors (CI)    O=DIR builds elsewhere (default build)
@@ -355,4 +356,4 @@ clean distclean:
 	rm -rf $(O)
 
 help:
-	@sed -n '2,9p' Makefile
+	@sed -n '2,10p' Makefile
