@@ -187,12 +187,122 @@ static void test_offload_write_fault(void **state)
     pfx_close(f);
 }
 
+
+/* A warm-up whose disk read fails: layer 0 (unstable heads) reports the
+ * error for the sequence, and the stable heads of layer 1, which the plan
+ * did not mark due, must not reuse the warm-up's selection (it names a page
+ * that never arrived): they rescore in the same step, and every page they
+ * select is on the device before the decode reads it. Found in review. */
+static void test_warmup_read_fault_later_layers(void **state)
+{
+    (void)state;
+    kvt_geometry g = {L, H, HQ, D, P, KVT_DTYPE_F16, {0, 0}};
+    kvt_head_class cls[NLH];
+    uint32_t k[NLH], iv[NLH];
+    for (uint32_t b = 0; b < NLH; b++) {
+        cls[b] = b < H ? KVT_HEAD_UNSTABLE : KVT_HEAD_STABLE; /* layer 0 unstable */
+        k[b] = 2;
+        iv[b] = b < H ? 1 : 16;
+    }
+    kvt_policy_heads hd = {sizeof hd, NLH, cls, k, NULL, NULL, NULL, iv};
+    kvt_policy *pol;
+    kvt_selector *sel;
+    TU_OK(kvt_policy_create_heads(&pol, &g, NULL, &hd));
+    TU_OK(kvt_selector_create(&sel, &g, NULL));
+    kvt_mover_opts mo;
+    TU_OK(kvt_mover_opts_init(&mo));
+    mo.extent_pages = 4;
+    mo.segment_extents = 2;
+    mo.max_io_bytes = 8192; /* one page per request: the first read is one page */
+    kvt_pool_opts o = disk_opts(256, 256, 16u << 20, &mo);
+    o.geom = g;
+    o.policy = pol;
+    o.selector = sel;
+    kvt_pool *p;
+    TU_OK(kvt_pool_create(&p, &o));
+    kvt_mover *m;
+    TU_OK(kvt_pool_mover(p, &m));
+    /* A sequence on rerank phase 1: with interval 16 its stable heads are
+     * not due at its first step. */
+    kvt_seq_id dummy, a;
+    TU_OK(kvt_seq_create(p, NULL, &dummy));
+    TU_OK(kvt_seq_create(p, NULL, &a));
+    TU_OK(kvt_seq_release(p, dummy));
+    tu_rng r = {7};
+    const uint32_t n = 8 * P + 5;
+    uint16_t *kk = malloc((size_t)n * H * D * 2), *vv = malloc((size_t)n * H * D * 2);
+    for (uint32_t l = 0; l < L; l++) {
+        for (size_t i = 0; i < (size_t)n * H * D; i++) {
+            kk[i] = rand_f16(&r);
+            vv[i] = rand_f16(&r);
+        }
+        TU_OK(kvt_seq_append(p, a, l, kk, vv, n, KVT_DTYPE_F16, 0));
+    }
+    TU_OK(kvt_mover_wait(m, KVT_FENCE_ALL, UINT64_MAX));
+    /* Layer 1's offloaded pages become disk-only, so warm-up reads them. */
+    kvt_move mv[64];
+    uint32_t nm = 0;
+    for (uint32_t h = 0; h < H; h++)
+        for (uint32_t pg = 1; pg < 8; pg++)
+            if (residency(p, a, 1, h, pg) == (KVT_RES_HOST | KVT_RES_DISK))
+                mv[nm++] = (kvt_move){a, 1, h, pg, KVT_TIER_HOST, KVT_TIER_DISK,
+                                      KVT_MOVE_DROP_SOURCE};
+    assert_true(nm > 0);
+    kvt_fence fe;
+    TU_OK(kvt_mover_submit(m, mv, nm, 0, NULL, &fe));
+    TU_OK(kvt_mover_wait(m, fe, UINT64_MAX));
+    float q[HQ * D], out[HQ * D], lse[HQ], kf[H * D], vf[H * D];
+    float *obs = malloc((size_t)L * HQ * D * sizeof *obs);
+    for (size_t i = 0; i < (size_t)L * HQ * D; i++)
+        obs[i] = tu_unit(&r) * 2 - 1;
+    TU_OK(kvt__mover_fault(m, false, KVT__FAULT_EIO, 1));
+    TU_OK(kvt_seq_warmup(p, a, obs, 1));
+    kvt_step *st;
+    TU_OK(kvt_step_plan(p, &a, 1, NULL, &st));
+    for (uint32_t l = 0; l < L; l++) {
+        for (int i = 0; i < H * D; i++) {
+            kf[i] = tu_unit(&r) - 0.5f;
+            vf[i] = tu_unit(&r) - 0.5f;
+        }
+        for (int i = 0; i < HQ * D; i++)
+            q[i] = tu_unit(&r) * 2 - 1;
+        TU_OK(kvt_append(st, l, kf, vf, KVT_DTYPE_F32, 0));
+        TU_OK(kvt_rerank_recycle(st, l, q));
+        const int rc = kvt_sparse_decode(st, l, q, out, lse);
+        if (l == 0) {
+            assert_int_equal(rc, KVT_EIO); /* the warm-up's failure, reported once */
+            for (int g2 = 0; g2 < HQ; g2++)
+                assert_true(isinf(lse[g2]) && lse[g2] < 0);
+            continue;
+        }
+        TU_OK(rc);
+        for (uint32_t h = 0; h < H; h++) {
+            uint32_t pages[64], cnt, rr;
+            TU_OK(kvt_step_selection(st, l, 0, h, pages, 64, &cnt, &rr));
+            assert_int_equal(rr, 1); /* rescored, not the warm-up's selection */
+            for (uint32_t j = 0; j < cnt; j++)
+                assert_true(residency(p, a, l, h, pages[j]) & KVT_RES_DEVICE);
+        }
+        for (int g2 = 0; g2 < HQ; g2++)
+            assert_true(isfinite(lse[g2]));
+    }
+    TU_OK(kvt_step_finish(st));
+    TU_CHECK(p);
+    kvt_pool_destroy(p);
+    kvt_policy_destroy(pol);
+    kvt_selector_destroy(sel);
+    free(kk);
+    free(vv);
+    free(obs);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_read_eio_first),  cmocka_unit_test(test_read_eio_later),
         cmocka_unit_test(test_read_flip_first), cmocka_unit_test(test_read_flip_later),
         cmocka_unit_test(test_offload_write_fault),
+        cmocka_unit_test(test_warmup_read_fault_later_layers),
     };
     return cmocka_run_group_tests(tests, tier_setup, tier_teardown);
 }

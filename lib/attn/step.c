@@ -235,6 +235,9 @@ static void kvt__promote_bound(const kvt_pool *p, const kvt__seq *s, const uint3
             const size_t lh = kvt__lh(p, l, h);
             if (!kvt__stable(p, lh))
                 continue;
+            /* Room for every stable head's promotions, due or not: a failed
+             * warm-up makes all of a sequence's heads rescore mid-step. */
+            *pm += ak[lh] < np + 1u ? ak[lh] : np + 1u;
             const uint32_t iv = aiv[lh];
             const bool due = iv <= 1 || !s->topk || s->topk_k[lh] != ak[lh] + 1u ||
                              (s->steps + s->phase) % iv == 0;
@@ -261,7 +264,6 @@ static void kvt__promote_bound(const kvt_pool *p, const kvt__seq *s, const uint3
             after = after < np + 1u ? after : np + 1u;
             if (after > dev)
                 *need += after - dev;
-            *pm += ak[lh] < np ? ak[lh] : np;
         }
     }
 }
@@ -875,11 +877,10 @@ static int kvt__step_record(kvt_step *st, uint32_t layer)
     return 0;
 }
 
-/* Waits for the promotions of sequence i still in flight (from warm-up, or
- * from a layer whose decode never ran) and records their outcome. */
 /* After failed promotions of sequence i: the heads whose pages did not
  * arrive rescore at the next step (for warm-up's, which heads is not known:
- * all of them). Clears the recorded outcomes. */
+ * all of them, and already in this step's later layers, whose reused
+ * selections may name the missing pages). Clears the recorded outcomes. */
 static void kvt__fail_reset(kvt_step *st, uint32_t i)
 {
     kvt__seq *s = st->seqs[i];
@@ -887,8 +888,11 @@ static void kvt__fail_reset(kvt_step *st, uint32_t i)
         for (uint32_t x = st->pm_off[i]; x < st->pm_off[i] + st->pm_cnt[i]; x++)
             if (st->pmres[x])
                 s->topk_k[kvt__lh(st->pool, st->pm[x].layer, st->pm[x].kv_head)] = 0;
-    if (s->topk_k && st->wcode[i])
-        memset(s->topk_k, 0, (size_t)st->L * st->H * sizeof *s->topk_k);
+    if (st->wcode[i]) {
+        if (s->topk_k)
+            memset(s->topk_k, 0, (size_t)st->L * st->H * sizeof *s->topk_k);
+        memset(st->due + (size_t)i * st->L * st->H, 1, (size_t)st->L * st->H);
+    }
     st->fcode[i] = 0;
     st->wcode[i] = 0;
 }
@@ -945,7 +949,12 @@ static int kvt__recycle(kvt_step *st, uint32_t layer)
     int rc = 0;
     for (uint32_t i = 0; i < st->n && !rc; i++) {
         kvt__seq *s = st->seqs[i];
-        st->fcode[i] = 0;
+        if (st->fcode[i]) { /* an earlier layer's failure no decode reported */
+            const int32_t w = st->wcode[i];
+            st->wcode[i] = 0;
+            kvt__fail_reset(st, i);
+            st->wcode[i] = w;
+        }
         if (st->wf[i]) {
             /* Warm-up's pages still arriving can be neither evicted nor
              * counted: a sequence that reranks a stable head now waits for
@@ -1070,7 +1079,7 @@ static int kvt__recycle(kvt_step *st, uint32_t layer)
             kvt_fence f;
             rc = kvt__mover_submit(p->mover, st->pm + off, cnt, KVT_SUBMIT_URGENT,
                                    st->pmres + off, &f, st->pmdst + off,
-                                   KVT__OPF_PROMOTE | KVT__OPF_HANDED);
+                                   KVT__OPF_PROMOTE | KVT__OPF_HANDED | KVT__OPF_OWNED);
             if (rc) {
                 k = off;
             } else {

@@ -573,6 +573,7 @@ int kvt__mover_submit(kvt_mover *m, const kvt_move *moves, uint32_t n, uint32_t 
     b->results = results;
     b->urgent = (flags & KVT_SUBMIT_URGENT) != 0;
     b->detached = (iflags & KVT__OPF_DETACH) != 0;
+    b->owned = (iflags & KVT__OPF_OWNED) != 0;
 
     /* Pass 1: check every move and mark its page busy (a page twice in one
      * batch is then KVT_EBUSY). Nothing changes if any move is refused. */
@@ -596,7 +597,7 @@ int kvt__mover_submit(kvt_mover *m, const kvt_move *moves, uint32_t n, uint32_t 
         op->from = (uint8_t)mv->from;
         op->to = (uint8_t)mv->to;
         op->flags = (uint8_t)mv->flags;
-        op->iflags = (uint8_t)(iflags & ~(KVT__OPF_HANDED | KVT__OPF_DETACH));
+        op->iflags = (uint8_t)(iflags & ~(KVT__OPF_HANDED | KVT__OPF_DETACH | KVT__OPF_OWNED));
         if (mv->to != KVT_TIER_HOST)
             op->iflags &= (uint8_t)~KVT__OPF_CHAIN;
         const size_t e = (size_t)op->lh * s->cap_pages + op->page;
@@ -763,16 +764,24 @@ static int kvt__fence_state(kvt_mover *m, kvt_fence fence, int *code)
         for (kvt__batch *b = m->batches; b; b = b->next)
             if (b->n_done < b->n)
                 return 0;
-        for (kvt__batch *b = m->batches, *nx; b; b = nx) {
-            nx = b->next;
+        /* Every batch is complete: report and free them, except those the
+         * library itself waits on (a step's promotions, warm-up's), whose
+         * outcome is the step's to report. */
+        kvt__batch **pp = &m->batches;
+        while (*pp) {
+            kvt__batch *b = *pp;
+            if (b->owned) {
+                pp = &b->next;
+                continue;
+            }
             if (!*code && b->first_err) {
                 *code = b->first_err;
                 memcpy(msg, b->msg, sizeof msg);
             }
+            *pp = b->next;
             free(b);
         }
-        m->batches = NULL;
-        m->batches_tail = &m->batches;
+        m->batches_tail = pp;
     }
     if (*code)
         kvt__err(*code, "%s", msg[0] ? msg : "a move of the batch failed");

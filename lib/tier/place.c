@@ -163,9 +163,15 @@ static int kvt__offload_submit(kvt_pool *p, kvt__mvbuf *b, bool detach, kvt_fenc
     int rc = kvt__mover_submit(p->mover, b->mv, b->n, 0, NULL, fence, NULL,
                                (uint8_t)(f | KVT__OPF_CHAIN));
     if (rc == KVT_ENOSPC && p->disk) {
+        /* The host is full: the disk alone; the disk is full: the host alone. */
         for (uint32_t i = 0; i < b->n; i++)
             b->mv[i].to = KVT_TIER_DISK;
         rc = kvt__mover_submit(p->mover, b->mv, b->n, 0, NULL, fence, NULL, f);
+        if (rc == KVT_ENOSPC) {
+            for (uint32_t i = 0; i < b->n; i++)
+                b->mv[i].to = KVT_TIER_HOST;
+            rc = kvt__mover_submit(p->mover, b->mv, b->n, 0, NULL, fence, NULL, f);
+        }
     }
     if (rc)
         kvt__offload_rewind(p, b);
@@ -339,8 +345,8 @@ static int kvt__warm_host(kvt_pool *p, kvt__seq *s, kvt_seq_id id)
     }
     free(rk);
     kvt_fence f;
-    if (!rc && b.n)
-        rc = kvt__mover_submit(p->mover, b.mv, b.n, 0, NULL, &f, NULL, 0);
+    if (!rc && b.n) /* nobody waits for these reads: detached */
+        rc = kvt__mover_submit(p->mover, b.mv, b.n, 0, NULL, &f, NULL, KVT__OPF_DETACH);
     free(b.mv);
     return rc;
 }
@@ -372,6 +378,12 @@ KVT_API int kvt_seq_warmup(kvt_pool *pool, kvt_seq_id seq, const float *obs_quer
 
     /* Settle: no move of the sequence in flight, every full stable page out once. */
     kvt__mover_drain_seq(pool->mover, s);
+    if (s->wfence) { /* an earlier warm-up no step consumed: report it now */
+        int code = 0;
+        kvt__mover_fence_done(pool->mover, s->wfence, &code);
+        s->wfence = 0;
+        kvt_clear_error();
+    }
     kvt__seq *one[1] = {s};
     if ((rc = kvt__place_offload(pool, one, &seq, 1, UINT32_MAX, true)))
         return rc;
@@ -467,7 +479,7 @@ KVT_API int kvt_seq_warmup(kvt_pool *pool, kvt_seq_id seq, const float *obs_quer
     if (!rc && b.n) {
         kvt_fence f;
         rc = kvt__mover_submit(pool->mover, b.mv, b.n, KVT_SUBMIT_URGENT, NULL, &f, NULL,
-                               KVT__OPF_PROMOTE);
+                               KVT__OPF_PROMOTE | KVT__OPF_OWNED);
         if (!rc) {
             s->wfence = f;
             pool->pst.promoted += b.n;

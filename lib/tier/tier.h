@@ -83,6 +83,9 @@ typedef struct kvt__op {
                                       refused submit leaves it to the caller */
 #define KVT__OPF_DETACH  (1u << 4) /* nobody waits for the fence: the batch record
                                       is freed once every move is applied */
+#define KVT__OPF_OWNED   (1u << 5) /* the library waits for the fence itself (step
+                                      promotions, warm-up): a caller's wait or poll
+                                      on KVT_FENCE_ALL leaves it to the library */
 
 typedef struct kvt__batch {
     struct kvt__batch *next;   /* the mover's list of unreported batches */
@@ -92,6 +95,7 @@ typedef struct kvt__batch {
     int32_t first_err;
     bool urgent;
     bool detached;             /* KVT__OPF_DETACH */
+    bool owned;                /* KVT__OPF_OWNED */
     int32_t *results;
     char msg[192];             /* the first failure, in words */
     kvt__op ops[];
