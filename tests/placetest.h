@@ -321,14 +321,7 @@ static inline uint32_t seq_len(const pfx *f, uint32_t i, uint32_t l)
 /* Marks the forced pages of a head with T tokens: sink, local, partial last. */
 static inline void forced_pages(uint8_t *forced, uint32_t T, uint32_t sink, uint32_t local)
 {
-    const uint32_t np = pages_of(T);
-    memset(forced, 0, np ? np : 1);
-    for (uint32_t i = 0; i < np && i < sink; i++)
-        forced[i] = 1;
-    for (uint32_t i = 0; i < np && i < local; i++)
-        forced[np - 1 - i] = 1;
-    if (T % P)
-        forced[np - 1] = 1;
+    tu_forced_pages(forced, T, P, sink, local);
 }
 
 /* Reference MINMAX/SUM scores of pages [0, np) for the G queries q[G][D], in
@@ -370,41 +363,6 @@ static inline void top_n(const double *score, const uint8_t *forced, uint32_t np
     }
 }
 
-/* A rescored selection: sorted, every forced page, min(K, candidates)
- * others, and no unselected candidate clearly above a selected one. */
-static inline void check_rescored(const uint32_t *sel, uint32_t n, uint32_t T, uint32_t K,
-                                  uint32_t sink, uint32_t local, const double *ref,
-                                  const double *tol, const char *what)
-{
-    const uint32_t np = pages_of(T);
-    uint8_t forced[MAXPG], in[MAXPG] = {0};
-    forced_pages(forced, T, sink, local);
-    for (uint32_t j = 0; j < n; j++) {
-        if (sel[j] >= np || (j && sel[j] <= sel[j - 1]))
-            fail_msg("%s: entry %u (page %u of %u) out of order or range", what, j, sel[j], np);
-        in[sel[j]] = 1;
-    }
-    uint32_t nc = 0, ntop = 0;
-    double lo = INFINITY, hi = -INFINITY;
-    for (uint32_t pg = 0; pg < np; pg++) {
-        if (forced[pg]) {
-            if (!in[pg])
-                fail_msg("%s: forced page %u missing", what, pg);
-            continue;
-        }
-        nc++;
-        if (in[pg]) {
-            ntop++;
-            lo = ref[pg] + tol[pg] < lo ? ref[pg] + tol[pg] : lo;
-        } else {
-            hi = ref[pg] - tol[pg] > hi ? ref[pg] - tol[pg] : hi;
-        }
-    }
-    if (ntop != (K < nc ? K : nc))
-        fail_msg("%s: %u top-K pages, expected %u", what, ntop, K < nc ? K : nc);
-    if (lo < hi)
-        fail_msg("%s: unselected score %.9g above selected %.9g", what, hi, lo);
-}
 
 /* Double-precision attention of q[G][D] over the tokens of `pages` of
  * (seq i, layer, head) with T tokens, from the kept K/V: out[G][D], lse[G],
@@ -651,7 +609,7 @@ static inline void pfx_step(pfx *f, const step_args *a, step_res *res)
 
                 /* The selection. */
                 if (rr) {
-                    check_rescored(sp, n, T, K, f->ph.sink[lh], f->ph.local[lh], sc[i][h],
+                    tu_check_selection(sp, n, T, P, K, f->ph.sink[lh], f->ph.local[lh], sc[i][h],
                                    tl[i][h], what);
                     f->ntopk[i][lh] = 0;
                     for (uint32_t j = 0; j < n; j++)

@@ -196,53 +196,6 @@ static void ref_vote(const kvt_pool *p, kvt_seq_id seq, uint32_t layer, uint32_t
     free(mag);
 }
 
-/* A selection is valid when it holds every forced page, min(K, candidates)
- * other pages, and no unselected candidate scores clearly above a selected
- * one (up to the f32 rounding of the scores). */
-static void check_selection(const uint32_t *sel, uint32_t n, uint32_t T, uint32_t P, uint32_t K,
-                            uint32_t sink, uint32_t local, const double *ref, const double *tol,
-                            const char *what)
-{
-    const uint32_t np = pages_of(T, P);
-    uint8_t *forced = calloc(np ? np : 1, 1), *in = calloc(np ? np : 1, 1);
-    for (uint32_t i = 0; i < np && i < sink; i++)
-        forced[i] = 1;
-    for (uint32_t i = 0; i < np && i < local; i++)
-        forced[np - 1 - i] = 1;
-    if (T % P)
-        forced[np - 1] = 1;
-    for (uint32_t j = 0; j < n; j++) {
-        if (sel[j] >= np || (j && sel[j] <= sel[j - 1]))
-            fail_msg("%s: entry %u (page %u of %u) out of order or range", what, j, sel[j], np);
-        in[sel[j]] = 1;
-    }
-    uint32_t nf = 0, nc = 0, ntop = 0;
-    double lo = INFINITY, hi = -INFINITY;
-    for (uint32_t i = 0; i < np; i++) {
-        if (forced[i]) {
-            nf++;
-            if (!in[i])
-                fail_msg("%s: forced page %u not selected", what, i);
-            continue;
-        }
-        nc++;
-        if (in[i]) {
-            ntop++;
-            lo = ref[i] + tol[i] < lo ? ref[i] + tol[i] : lo;
-        } else {
-            hi = ref[i] - tol[i] > hi ? ref[i] - tol[i] : hi;
-        }
-    }
-    const uint32_t want = K < nc ? K : nc;
-    if (ntop != want)
-        fail_msg("%s: %u top-K pages selected, expected %u (K %u, %u candidates)", what, ntop,
-                 want, K, nc);
-    if (lo < hi)
-        fail_msg("%s: an unselected page scores %.9g, above a selected one's %.9g", what, hi,
-                 lo);
-    free(forced);
-    free(in);
-}
 
 /* ---- one step over a configuration ------------------------------------------ */
 
@@ -327,7 +280,7 @@ static void run_and_check(kvt_pool *p, const kvt_seq_id *ids, const dcfg *c, con
                 } else {
                     assert_int_equal(rr, np ? 1 : rr); /* interval 1: every head rescored */
                     ref_vote(p, ids[i], l, h, c, np, qg, m->method, m->vote, sc, tl);
-                    check_selection(pg, cnt, T, c->P, m->K[l], m->sink[l], m->local[l], sc, tl,
+                    tu_check_selection(pg, cnt, T, c->P, m->K[l], m->sink[l], m->local[l], sc, tl,
                                     what);
                 }
                 ref_attn(p, ids[i], l, h, c, T, pg, cnt, qg, scale, ref, rl, kap, &vmax);

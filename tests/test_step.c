@@ -127,56 +127,7 @@ static void ref_minmax_sum(const kvt_pool *p, kvt_seq_id seq, uint32_t layer, ui
     free(mx);
 }
 
-/* Marks the forced pages (sink, local, partial last). */
-static void forced_pages(uint8_t *forced, uint32_t T, uint32_t P, uint32_t sink, uint32_t local)
-{
-    const uint32_t np = pages_of(T, P);
-    memset(forced, 0, np);
-    for (uint32_t i = 0; i < np && i < sink; i++)
-        forced[i] = 1;
-    for (uint32_t i = 0; i < np && i < local; i++)
-        forced[np - 1 - i] = 1;
-    if (T % P)
-        forced[np - 1] = 1;
-}
 
-/* A rescored selection: every forced page, min(K, candidates) others, and
- * no unselected candidate clearly above a selected one. */
-static void check_rescored(const uint32_t *sel, uint32_t n, uint32_t T, uint32_t P, uint32_t K,
-                           uint32_t sink, uint32_t local, const double *ref, const double *tol,
-                           const char *what)
-{
-    const uint32_t np = pages_of(T, P);
-    uint8_t *forced = malloc(np + 1), *in = calloc(np + 1, 1);
-    forced_pages(forced, T, P, sink, local);
-    for (uint32_t j = 0; j < n; j++) {
-        if (sel[j] >= np || (j && sel[j] <= sel[j - 1]))
-            fail_msg("%s: entry %u (page %u of %u) out of order or range", what, j, sel[j], np);
-        in[sel[j]] = 1;
-    }
-    uint32_t nc = 0, ntop = 0;
-    double lo = INFINITY, hi = -INFINITY;
-    for (uint32_t i = 0; i < np; i++) {
-        if (forced[i]) {
-            if (!in[i])
-                fail_msg("%s: forced page %u missing", what, i);
-            continue;
-        }
-        nc++;
-        if (in[i]) {
-            ntop++;
-            lo = ref[i] + tol[i] < lo ? ref[i] + tol[i] : lo;
-        } else {
-            hi = ref[i] - tol[i] > hi ? ref[i] - tol[i] : hi;
-        }
-    }
-    if (ntop != (K < nc ? K : nc))
-        fail_msg("%s: %u top-K pages, expected %u", what, ntop, K < nc ? K : nc);
-    if (lo < hi)
-        fail_msg("%s: unselected score %.9g above selected %.9g", what, hi, lo);
-    free(forced);
-    free(in);
-}
 
 /* ---- the step loop vs kvt_seq_append ----------------------------------------- */
 
@@ -311,7 +262,7 @@ static void step_loop(kvt_dtype pdt, int sparse)
                     if (sparse) {
                         assert_int_equal(rr, 1);
                         ref_minmax_sum(A, order_a[i], l, h, &s, pages_of(T, s.P), qg, sc, tl);
-                        check_rescored(pages, n, T, s.P, K, SINK, LOCAL, sc, tl, what);
+                        tu_check_selection(pages, n, T, s.P, K, SINK, LOCAL, sc, tl, what);
                     } else {
                         assert_int_equal(n, pages_of(T, s.P));
                         for (uint32_t j = 0; j < n; j++)
@@ -423,14 +374,14 @@ static void test_rerank(void **state)
                     assert_true(rr == 0 || rr == 1);
                     rr_hist[step][i][l][h] = (uint8_t)rr;
                     const uint32_t np = pages_of(T, s.P);
-                    forced_pages(forced, T, s.P, SINK, LOCAL);
+                    tu_forced_pages(forced, T, s.P, SINK, LOCAL);
                     const float *qg = q + ((size_t)i * Hq + (size_t)h * s.G) * s.D;
                     char what[96];
                     snprintf(what, sizeof what, "step %u seq %u layer %u head %u (%s)", step, i,
                              l, h, rr ? "reranked" : "reused");
                     if (rr) {
                         ref_minmax_sum(p, ids[i], l, h, &s, np, qg, sc, tl);
-                        check_rescored(pages, n, T, s.P, K, SINK, LOCAL, sc, tl, what);
+                        tu_check_selection(pages, n, T, s.P, K, SINK, LOCAL, sc, tl, what);
                         n_topk[i][l][h] = 0;
                         for (uint32_t j = 0; j < n; j++)
                             if (!forced[pages[j]])
@@ -634,7 +585,7 @@ static void test_selector_change_between_steps(void **state)
             snprintf(what, sizeof what, "round %d step %d (K %u)", round, step, K);
             if (rr) {
                 ref_minmax_sum(p, a, 0, 0, &s, pages_of(T, 8), q, sc, tl);
-                check_rescored(pages, n, T, 8, K, 1, 1, sc, tl, what);
+                tu_check_selection(pages, n, T, 8, K, 1, 1, sc, tl, what);
             }
             ref_attn(p, a, 0, 0, &s, T, pages, n, q, 0.25, ref, rl, kap, &vmax);
             check_rows(out, lse, ref, rl, kap, vmax, 1, 16, what);

@@ -237,6 +237,64 @@ static inline void tu_ref_attention(const float *q, uint32_t G, uint32_t D, cons
     free(sc);
 }
 
+/* The forced pages of a head with T tokens in pages of P tokens: the
+ * first `sink`, the last `local` and a partially filled last page. Marks
+ * forced[0..np). */
+static inline void tu_forced_pages(uint8_t *forced, uint32_t T, uint32_t P, uint32_t sink,
+                                   uint32_t local)
+{
+    const uint32_t np = (T + P - 1) / P;
+    memset(forced, 0, np ? np : 1);
+    for (uint32_t i = 0; i < np && i < sink; i++)
+        forced[i] = 1;
+    for (uint32_t i = 0; i < np && i < local; i++)
+        forced[np - 1 - i] = 1;
+    if (T % P)
+        forced[np - 1] = 1;
+}
+
+/* A rescored selection sel[n] against the brute-force rule: sorted and in
+ * range, every forced page, min(K, candidates) other pages, and no
+ * unselected candidate scoring clearly above a selected one (ref[page] the
+ * double-precision score, tol[page] its rounding bound). */
+static inline void tu_check_selection(const uint32_t *sel, uint32_t n, uint32_t T, uint32_t P,
+                                      uint32_t K, uint32_t sink, uint32_t local,
+                                      const double *ref, const double *tol, const char *what)
+{
+    const uint32_t np = (T + P - 1) / P;
+    uint8_t *forced = malloc(np + 1), *in = calloc(np + 1, 1);
+    tu_forced_pages(forced, T, P, sink, local);
+    for (uint32_t j = 0; j < n; j++) {
+        if (sel[j] >= np || (j && sel[j] <= sel[j - 1]))
+            fail_msg("%s: entry %u (page %u of %u) out of order or range", what, j, sel[j], np);
+        in[sel[j]] = 1;
+    }
+    uint32_t nc = 0, ntop = 0;
+    double lo = INFINITY, hi = -INFINITY;
+    for (uint32_t pg = 0; pg < np; pg++) {
+        if (forced[pg]) {
+            if (!in[pg])
+                fail_msg("%s: forced page %u missing", what, pg);
+            continue;
+        }
+        nc++;
+        if (in[pg]) {
+            ntop++;
+            lo = ref[pg] + tol[pg] < lo ? ref[pg] + tol[pg] : lo;
+        } else {
+            hi = ref[pg] - tol[pg] > hi ? ref[pg] - tol[pg] : hi;
+        }
+    }
+    const uint32_t want = K < nc ? K : nc;
+    if (ntop != want)
+        fail_msg("%s: %u top-K pages, expected %u (K %u, %u candidates)", what, ntop, want, K,
+                 nc);
+    if (lo < hi)
+        fail_msg("%s: unselected score %.9g above selected %.9g", what, hi, lo);
+    free(forced);
+    free(in);
+}
+
 #define TU_EXPECT_ERR(call, code, needle)                                                  \
     do {                                                                                   \
         kvt_clear_error();                                                                 \
