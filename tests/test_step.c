@@ -700,6 +700,7 @@ static void test_plan_bad(void **state)
     assert_null(oi.selector);
     assert_true(oi.scale == 0.0f);
     assert_int_equal(oi.reserved, 0);
+    assert_null(oi.stream);
     assert_memory_equal(&oi, &om, sizeof oi);
     TU_EXPECT_ERR(kvt_step_opts_init(NULL), KVT_EINVAL, "opts");
 
@@ -754,6 +755,16 @@ static void test_plan_bad(void **state)
     TU_OK(kvt_step_finish(st));
     assert_int_equal(kvt_step_finish(NULL), 0);
     snap_same(&s0, p, ids, 2, &s, "empty steps");
+    /* The second version (no stream field) stays accepted, and the CPU
+     * backend takes any stream and ignores it. */
+    kvt_step_opts v2 = so;
+    v2.struct_size = (uint32_t)offsetof(kvt_step_opts, stream);
+    TU_OK(kvt_step_plan(p, ids, 2, &v2, &st));
+    TU_OK(kvt_step_finish(st));
+    kvt_step_opts withstream = so;
+    withstream.stream = &r;
+    TU_OK(kvt_step_plan(p, ids, 2, &withstream, &st));
+    TU_OK(kvt_step_finish(st));
     kvt_selector_destroy(sel);
     kvt_selector_destroy(other);
     free(s0.bytes);

@@ -201,6 +201,7 @@ int main(void)
     F(kvt_step_opts, reserved);
     F(kvt_step_opts, policy);
     F(kvt_step_opts, profiler);
+    F(kvt_step_opts, stream);
     end();
 
     S(kvt_mover_opts, KVT_MOVER_OPTS);

@@ -62,9 +62,19 @@ typedef struct kvt_step_opts {
                                     top-K set of every head it reranks
                                     (extra work on the calling thread);
                                     same geometry as the pool. NULL = none */
+    /* Appended to the second version (which stays accepted: its
+     * struct_size reads this as NULL). */
+    void *stream;                /* the engine's stream (a cudaStream_t) that
+                                    every kernel of the step is ordered on
+                                    (CUDA backend; no call of the step then
+                                    uses the default stream or synchronises
+                                    the device). The CPU backend runs the
+                                    kernels on the calling thread and the
+                                    pool's workers, in call order, and
+                                    ignores it. NULL = none */
 } kvt_step_opts;
 
-#define KVT_STEP_OPTS_INIT { (uint32_t)sizeof(kvt_step_opts), 0u, NULL, 0.0f, 0u, NULL, NULL }
+#define KVT_STEP_OPTS_INIT { (uint32_t)sizeof(kvt_step_opts), 0u, NULL, 0.0f, 0u, NULL, NULL, NULL }
 KVT_API int kvt_step_opts_init(kvt_step_opts *opts);
 
 /* Plans one decode step over n_seqs distinct live sequences: checks them

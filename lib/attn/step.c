@@ -21,7 +21,10 @@ _Static_assert(offsetof(kvt_step_opts, reserved) + 4 == KVT__STEP_OPTS_V1, "step
 #define KVT__STEP_OPTS_V2 (KVT__STEP_OPTS_V1 + 2u * sizeof(void *))
 _Static_assert(offsetof(kvt_step_opts, policy) == 24 && offsetof(kvt_step_opts, profiler) ==
                24 + sizeof(void *), "step opts v2 layout");
-_Static_assert(sizeof(kvt_step_opts) == KVT__STEP_OPTS_V2, "step opts v2 size");
+/* V3 (still 0.1.0): stream appended. */
+#define KVT__STEP_OPTS_V3 (KVT__STEP_OPTS_V2 + sizeof(void *))
+_Static_assert(offsetof(kvt_step_opts, stream) == KVT__STEP_OPTS_V2, "step opts v3 layout");
+_Static_assert(sizeof(kvt_step_opts) == KVT__STEP_OPTS_V3, "step opts v3 size");
 #define KVT__KNOWN_STEP_FLAGS (KVT_STEP_DENSE)
 
 /* Pages per decode task. Fixed, so that the split (and the floating-point

@@ -681,6 +681,7 @@ impl<'a> StepOpts<'a> {
             reserved: 0,
             policy: ptr::null(),
             profiler: ptr::null_mut(),
+            stream: ptr::null_mut(),
         };
         let rc = unsafe { sys::kvt_step_opts_init(&mut raw) };
         debug_assert_eq!(rc, 0);

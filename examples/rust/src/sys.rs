@@ -324,6 +324,7 @@ pub struct kvt_step_opts {
     pub reserved: u32,
     pub policy: *const kvt_policy,
     pub profiler: *mut kvt_profiler,
+    pub stream: *mut std::ffi::c_void,
 }
 
 // ---- mover.h ----------------------------------------------------------------

@@ -190,7 +190,8 @@ fn rust_structs() -> Vec<RStruct> {
             scale,
             reserved,
             policy,
-            profiler
+            profiler,
+            stream
         }),
         rust_layout!(kvt_mover_opts {
             struct_size,
