@@ -1,0 +1,338 @@
+/* The CUDA backend's kernels, as C-callable launchers (internal: kvt__cu_*,
+ * hidden; the library and tests/gpu call them).
+ *
+ * Every launcher:
+ *  - takes the engine's stream (`void *` = cudaStream_t; NULL = the legacy
+ *    default stream, which the library itself never passes),
+ *  - only enqueues work: no device or stream synchronisation, no allocation
+ *    (scratch comes from the caller, sized by the *_workspace_bytes helpers),
+ *  - returns 0, or a KVT_E* code with kvt_last_error() naming the argument
+ *    or the CUDA error (KVT_EINVAL for bad arguments, KVT_EIO for a failed
+ *    launch).
+ * Pointers named d_* are device memory (or pinned host memory mapped into
+ * the device's address space: UVA); item arrays live in device-visible
+ * memory too. Data layouts are the CPU backend's, byte for byte:
+ *  - a block holds page_tokens K rows then page_tokens V rows, each row
+ *    head_dim elements of the pool dtype (block_bytes = 2 * P * D * elem);
+ *  - a metadata slot holds three rows of head_dim elements of the pool dtype:
+ *    min (rounded toward -inf), max (toward +inf), mean (to nearest);
+ *  - the f32 accumulators of a (sequence, layer, head)'s open page are
+ *    [3][D] = running min, max and sum of the keys appended to it.
+ * The CPU backend (lib/) is the reference every kernel is tested against
+ * (tests/gpu). The same sources build with nvcc for the GPU and with the host
+ * C++ compiler against cuda/emu (KVT_CUDA_EMU), a CPU emulation of the
+ * execution model used to test the kernels' logic where no GPU is present.
+ */
+#ifndef KVTIER_CUDA_H
+#define KVTIER_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvtier/common.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#ifndef KVT__HIDDEN
+#define KVT__HIDDEN __attribute__((visibility("hidden")))
+#endif
+
+/* ---- runtime glue (cuda/runtime.cu) ----------------------------------------
+ * Number of usable devices (0 when none or no driver); on failure *why gets
+ * the CUDA error's name and text (static storage). */
+KVT__HIDDEN int kvt__cu_device_count(const char **why);
+/* Device memory / pinned mapped host memory / copies, for tests and the
+ * backend; each returns 0 or KVT_ENOMEM/KVT_EIO with the CUDA error. */
+KVT__HIDDEN int kvt__cu_malloc(void **d_out, size_t bytes);
+KVT__HIDDEN void kvt__cu_free(void *d);
+KVT__HIDDEN int kvt__cu_host_alloc(void **h_out, size_t bytes); /* pinned, mapped */
+KVT__HIDDEN void kvt__cu_host_free(void *h);
+/* Setup/test helpers (never on a per-layer path): they finish with a device
+ * synchronisation, so they are ordered after all earlier work. */
+KVT__HIDDEN int kvt__cu_memcpy(void *dst, const void *src, size_t bytes);
+KVT__HIDDEN int kvt__cu_memset(void *d, int value, size_t bytes);
+/* Pins and maps existing host memory (a pool's host arena) so kernels
+ * read it through UVA; unregister before it is freed. */
+KVT__HIDDEN int kvt__cu_host_register(void *h, size_t bytes);
+KVT__HIDDEN void kvt__cu_host_unregister(void *h);
+/* The device pointer of pinned mapped host memory (UVA: the same address). */
+KVT__HIDDEN void *kvt__cu_host_device_ptr(void *h);
+KVT__HIDDEN int kvt__cu_stream_create(void **stream, int low_priority);
+KVT__HIDDEN void kvt__cu_stream_destroy(void *stream);
+KVT__HIDDEN int kvt__cu_stream_sync(void *stream);
+/* Events: the mover records one per batch; a sequence waits on its event. */
+KVT__HIDDEN int kvt__cu_event_create(void **event);
+KVT__HIDDEN void kvt__cu_event_destroy(void *event);
+KVT__HIDDEN int kvt__cu_event_record(void *event, void *stream);
+KVT__HIDDEN int kvt__cu_stream_wait_event(void *stream, void *event);
+/* 1 done, 0 pending, <0 error. */
+KVT__HIDDEN int kvt__cu_event_query(void *event);
+
+/* ---- append + metadata (cuda/append.cu) ------------------------------------
+ * One item per (sequence, KV head) of one layer: n_tokens consecutive
+ * tokens starting at position first_pos. Token t's K and V rows start at
+ * element src_off + t * src_stride of d_k / d_v (source dtype). Page
+ * pos / P of the item lives in device block d_dev_table[table_off + page]
+ * with metadata slot d_meta_table[table_off + page]. The kernel writes the
+ * rows (converted to the pool dtype, round to nearest even), updates the
+ * accumulators d_acc[acc_off .. acc_off + 3D) in token order (reset when a
+ * token opens a page; a NaN key widens its dimension to [-inf, +inf]) and
+ * stores the page's metadata after the last token and whenever a page
+ * fills, exactly as lib/core/append.c. Items must name distinct
+ * accumulators. D is a multiple of 8 in 8..1024 and P a power of two in
+ * 8..256 (the geometry's limits); items with n_tokens == 0 do nothing.
+ * Bit-identical to the CPU backend, with one exception C leaves open: the
+ * payload and sign of a NaN made by arithmetic (a NaN key's page mean; a NaN
+ * converted between dtypes, where the CPU's F16C path keeps payload bits
+ * that the portable path drops) - NaN stays NaN, only its bits may differ.
+ * The pages an append touches are independent (the accumulators restart
+ * when a token opens a page), so with max_tokens > 1 they are spread over
+ * the grid: prefill chunks do not run one page after another. */
+typedef struct kvt__cu_append_item {
+    uint64_t src_off;
+    uint64_t src_stride;
+    uint64_t table_off;
+    uint64_t acc_off;
+    uint32_t first_pos;
+    uint32_t n_tokens;
+} kvt__cu_append_item;
+
+typedef struct kvt__cu_append_args {
+    const kvt__cu_append_item *d_items;
+    uint32_t n_items;
+    uint32_t D, P;
+    kvt_dtype dtype;      /* pool dtype: F16, BF16 or F32 */
+    kvt_dtype src_dtype;  /* F16, BF16 or F32 */
+    const void *d_k, *d_v;
+    const uint32_t *d_dev_table, *d_meta_table;
+    uint8_t *d_dev_base;  /* device arena (block 0 = null block) */
+    uint64_t block_bytes;
+    uint8_t *d_meta_base; /* metadata store */
+    uint64_t meta_bytes;  /* bytes of one slot: 3 * D * elem */
+    float *d_acc;
+    uint32_t max_tokens;  /* hint: >= most items' n_tokens; sizes the grid
+                             (0 or 1 = one thread block per item, right for
+                             decode; any value stays correct) */
+} kvt__cu_append_args;
+KVT__HIDDEN int kvt__cu_append(const kvt__cu_append_args *a, void *stream);
+
+/* ---- page scoring (cuda/select.cu) -----------------------------------------
+ * One item per (sequence, KV head): its G query rows [G][D] f32 at
+ * d_q[q_off], its n_pages metadata slots at d_meta_table[table_off ...].
+ * Raw score of page i for query g: MINMAX sum_d max(q*kmin, q*kmax)
+ * (= qa.kmax + qb.kmin with qa = max(q,0), qb = min(q,0)); MEAN q.kmean.
+ * The group's vote (SUM, MAX, SOFTVOTE with vote_scale; NaN rules of
+ * lib/select/selector.c) goes to d_vote[vote_off + i]. G is 1..256, D a
+ * multiple of 8 in 8..1024; d_meta_base and meta_bytes are multiples of 16
+ * (rows are read 16 bytes at a time). Non-finite votes (+inf for a NaN or
+ * +inf score, -inf) are the CPU's exactly; finite ones differ from it only
+ * by f32 summation order (tests/gpu: 1e-5 of the magnitude sum). SUM and
+ * MAX spread an item's pages over blockIdx.y (max_pages only sizes that
+ * grid: any value is correct, a low one is slower); SOFTVOTE takes one
+ * block per item (per-head maximum and sum over all its pages) and reads
+ * the metadata twice. */
+typedef struct kvt__cu_score_item {
+    uint64_t q_off;
+    uint64_t table_off;
+    uint64_t vote_off;
+    uint32_t n_pages;
+    uint32_t reserved;
+} kvt__cu_score_item;
+
+typedef struct kvt__cu_score_args {
+    const kvt__cu_score_item *d_items;
+    uint32_t n_items;
+    uint32_t G, D;
+    kvt_dtype dtype;
+    uint32_t method;   /* KVT_SCORE_* */
+    uint32_t vote;     /* KVT_VOTE_* */
+    float vote_scale;
+    uint32_t max_pages; /* >= every item's n_pages (sizes the grid; a hint) */
+    const float *d_q;
+    const uint32_t *d_meta_table;
+    const uint8_t *d_meta_base;
+    uint64_t meta_bytes;
+    float *d_vote;
+} kvt__cu_score_args;
+KVT__HIDDEN int kvt__cu_score(const kvt__cu_score_args *a, void *stream);
+/* Scratch the scoring kernel needs (0 today; kept for the cuBLAS path). */
+KVT__HIDDEN size_t kvt__cu_score_workspace_bytes(const kvt__cu_score_args *a);
+
+/* ---- per-head top-K (cuda/select.cu) ---------------------------------------
+ * One item per (sequence, KV head), the rule of kvt__sel_pick: the first
+ * min(sink, np) pages, the last min(local, np) and a partial last page
+ * (tokens % P != 0) are forced; the top k of the other pages by (vote desc,
+ * index asc), NaN counting as +infinity, join them. Writes the selection in
+ * increasing page order to d_sel[sel_off ...] with its count in
+ * d_n_sel[item], and the top-k part alone (increasing) to d_topk[sel_off
+ * ...] with its count in d_n_topk[item]. Capacity at sel_off must be at
+ * least min(np, k + sink + local + 1); nothing past the counts is written.
+ * Exact (a radix select on the votes as ordered keys, -0 tying with +0),
+ * for any page count: with max_pages <= 8192 an item's keys stay in shared
+ * memory (32 KiB); otherwise (or for an item above max_pages) the votes are
+ * re-read from global memory (L2) in each of the six passes - no limit. */
+typedef struct kvt__cu_topk_item {
+    uint64_t vote_off;
+    uint64_t sel_off;
+    uint32_t n_pages, tokens, k, sink, local;
+    uint32_t reserved;
+} kvt__cu_topk_item;
+
+typedef struct kvt__cu_topk_args {
+    const kvt__cu_topk_item *d_items;
+    uint32_t n_items;
+    uint32_t P;
+    uint32_t max_pages; /* sizes the shared-memory key cache (any value is correct) */
+    const float *d_vote;
+    uint32_t *d_sel, *d_n_sel;
+    uint32_t *d_topk, *d_n_topk; /* d_topk may be NULL (then d_n_topk too) */
+} kvt__cu_topk_args;
+KVT__HIDDEN int kvt__cu_topk(const kvt__cu_topk_args *a, void *stream);
+
+/* ---- sparse flash-decode (cuda/decode.cu) ----------------------------------
+ * One item per (sequence, KV head): its G query rows (f32, [G][D] at
+ * d_q[q_off]) attend over n_pages device blocks d_blocks[pages_off ...]
+ * holding d_ntok[pages_off ...] valid tokens each (1..P). Writes the
+ * normalised output rows [G][D] to d_out[out_off] and, when d_lse is not
+ * NULL, the natural log of each row's softmax denominator of scale * q.k
+ * to d_lse[lse_off + g]. n_pages == 0: zeros and -infinity. The pages of an
+ * item are split over thread blocks of split_pages pages each (0 = chosen
+ * from n_items and the SM count); partial results merge by log-sum-exp. */
+typedef struct kvt__cu_attn_item {
+    uint64_t q_off;
+    uint64_t out_off;
+    uint64_t lse_off;
+    uint64_t pages_off;
+    uint32_t n_pages;
+    uint32_t reserved;
+} kvt__cu_attn_item;
+
+typedef struct kvt__cu_attn_args {
+    const kvt__cu_attn_item *d_items;
+    uint32_t n_items;
+    uint32_t G, D, P;
+    kvt_dtype dtype;
+    float scale;
+    uint32_t max_pages;   /* >= every item's n_pages (sizes the split grid) */
+    uint32_t split_pages; /* 0 = auto */
+    const float *d_q;
+    float *d_out, *d_lse;
+    const uint32_t *d_blocks, *d_ntok;
+    const uint8_t *d_dev_base;
+    uint64_t block_bytes;
+    void *d_work;         /* kvt__cu_attn_workspace_bytes(a) bytes */
+} kvt__cu_attn_args;
+KVT__HIDDEN size_t kvt__cu_attn_workspace_bytes(const kvt__cu_attn_args *a);
+KVT__HIDDEN int kvt__cu_attn(const kvt__cu_attn_args *a, void *stream);
+
+/* ---- copies and table sync (cuda/copy.cu) ----------------------------------
+ * A copy of `bytes` from src to dst, either of which may be device memory
+ * or pinned mapped host memory (UVA). */
+typedef struct kvt__cu_copy {
+    uint64_t src, dst, bytes;
+} kvt__cu_copy;
+/* Zero-copy kernel: d_list (device-visible) holds n copies; each is split
+ * into chunk_bytes pieces (0 = 256 KiB), the grid is capped at max_blocks
+ * (0 = 2 per SM) so it leaves the SMs to concurrent decode kernels. 16-byte
+ * aligned addresses and sizes go 16 bytes per thread; otherwise the widest
+ * of 8 / 4 bytes at which src and dst agree, with byte-wise ends (else
+ * byte-wise). chunk_bytes must be a multiple of 16; the copies must not
+ * overlap one another's destinations. */
+KVT__HIDDEN int kvt__cu_copy_kernel(const kvt__cu_copy *d_list, uint32_t n, uint32_t max_blocks,
+                                    uint64_t chunk_bytes, void *stream);
+/* The same copies as cudaMemcpyAsync calls (h_list on the host). */
+KVT__HIDDEN int kvt__cu_copy_memcpy(const kvt__cu_copy *h_list, uint32_t n, void *stream);
+/* Below this size per transfer the mover uses the kernel, above it
+ * cudaMemcpyAsync (measured by kvtier-bench --backend cuda copy). */
+#define KVT__CU_COPY_KERNEL_MAX (1u << 20)
+
+/* Dirty-range table sync: for each range, n entries of the pinned host
+ * table (read through UVA) from h_table[src_off] to d_table[dst_off]. */
+typedef struct kvt__cu_range {
+    uint64_t src_off, dst_off;
+    uint32_t n;
+    uint32_t reserved;
+} kvt__cu_range;
+KVT__HIDDEN int kvt__cu_table_sync(const uint32_t *h_table, uint32_t *d_table,
+                                   const kvt__cu_range *d_ranges, uint32_t n_ranges,
+                                   void *stream);
+
+/* ---- fused recycle (cuda/recycle.cu) ---------------------------------------
+ * One item per (sequence, stable KV head) that reranked: the three-in-one
+ * kernel of FlexiCache. Inputs: the head's new selection (sorted, from
+ * kvt__cu_topk) and, per page, its device block (0 = not on device), its
+ * host block (0 = none) and residency bits (KVT_RES_* | busy 0x80 |
+ * inbound 0x40), its importance (the last score) and the forced rule.
+ * One pass, in shared memory:
+ *  - promoted: selected pages with no device block and no busy/inbound bit
+ *    (the host settles busy pages before the kernel runs);
+ *  - evictable: unselected, unforced pages on device, not busy, with a
+ *    host or disk copy; "stuck" = unselected, unforced, on device, but
+ *    busy or with no other copy;
+ *  - lookahead: room = max(0, k * window - (selected unforced pages +
+ *    stuck)); the `room` evictable pages of highest importance (ties: lower
+ *    page first) stay; the others are evicted, in (importance desc, page
+ *    asc) order;
+ *  - the x-th promoted page (in page order) takes the x-th evicted page's
+ *    block (recycled in place: the evicted entry becomes 0 and loses
+ *    KVT_RES_DEVICE) or, past the evicted ones, the next block of the
+ *    item's free list d_free[free_off ...] (n_free entries; more needed =
+ *    the item fails with d_status[item] = 1 and changes nothing); the
+ *    promoted entry gets its block and busy | inbound, as on the CPU
+ *    backend: the host sets KVT_RES_DEVICE and clears both bits when the
+ *    copy's event completes, so neither the decode nor another eviction
+ *    takes the page before its bytes are there;
+ *  - evicted pages beyond the promoted ones are dropped (entry 0, bit
+ *    cleared) and their blocks listed in d_freed for the host to return;
+ *  - each promotion of a page with a host block appends a copy (host
+ *    block -> device block, block_bytes) to d_copies[copy_off ...] for
+ *    kvt__cu_copy_kernel; a page only on disk gets its block the same way
+ *    and is listed (page index) in d_stage[copy_off ...] for the host to
+ *    fetch through the staging path.
+ * "On device", "host block", "only on disk" read the residency bits (the
+ * tables must agree with them); a NaN importance ranks as +infinity, -0 as
+ * +0.
+ * Outputs per item: d_counts[4 * item + {0,1,2,3}] = promoted from host
+ * (= entries of d_copies), evicted, freed, staged; d_status[item] = 0 ok,
+ * 1 out of free blocks, 2 n_pages > max_pages (nothing changed, counts 0
+ * for both). max_pages <= 16384 (shared memory: 8 * pow2ceil(max_pages) +
+ * max_pages bytes a block, within the device's opt-in limit). */
+typedef struct kvt__cu_recycle_item {
+    uint64_t table_off;   /* into d_dev_table, d_host_table, d_res, d_imp */
+    uint64_t sel_off;     /* selection in d_sel, count in d_n_sel[item] */
+    uint64_t free_off;    /* into d_free; n_free entries */
+    uint64_t copy_off;    /* into d_copies / d_freed / d_stage (each sized
+                             for n_pages entries) */
+    uint32_t n_pages, tokens, k, window, sink, local, n_free;
+    uint32_t reserved;
+} kvt__cu_recycle_item;
+
+typedef struct kvt__cu_recycle_args {
+    const kvt__cu_recycle_item *d_items;
+    uint32_t n_items;
+    uint32_t P;
+    uint32_t max_pages;
+    uint32_t *d_dev_table;          /* updated in place */
+    const uint32_t *d_host_table;
+    uint8_t *d_res;                 /* updated in place */
+    const float *d_imp;
+    const uint32_t *d_sel, *d_n_sel;
+    const uint32_t *d_free;
+    const uint8_t *d_dev_base;      /* copy destinations */
+    const uint8_t *h_host_base;     /* pinned host arena (UVA) */
+    uint64_t block_bytes;
+    kvt__cu_copy *d_copies;
+    uint32_t *d_freed;
+    uint32_t *d_stage;              /* pages to fetch from disk */
+    uint32_t *d_counts;
+    uint32_t *d_status;
+} kvt__cu_recycle_args;
+KVT__HIDDEN int kvt__cu_recycle(const kvt__cu_recycle_args *a, void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KVTIER_CUDA_H */

@@ -1,0 +1,191 @@
+// CUDA runtime glue: device probe, memory, streams and events, each failure
+// turned into a KVT_E* code whose message carries the CUDA error.
+#include "kvt_cuda_rt.cuh"
+
+#include <stdio.h>
+
+#define KVT_CU_ERR(code, e, what)                                                          \
+    kvt__err((code), "%s: %s (%s)", (what), cudaGetErrorName(e), cudaGetErrorString(e))
+
+extern "C" {
+
+int kvt__cu_device_count(const char **why)
+{
+    static char msg[256];
+    int n = 0;
+    const cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError(); // not sticky: clear it for later calls
+        snprintf(msg, sizeof msg, "%s: %s", cudaGetErrorName(e), cudaGetErrorString(e));
+        if (why)
+            *why = msg;
+        return 0;
+    }
+    if (n <= 0 && why)
+        *why = "cudaGetDeviceCount found no device";
+    else if (why)
+        *why = "";
+    return n;
+}
+
+int kvt__cu_malloc(void **d_out, size_t bytes)
+{
+    const cudaError_t e = cudaMalloc(d_out, bytes ? bytes : 1);
+    if (e != cudaSuccess) {
+        *d_out = NULL;
+        return KVT_CU_ERR(KVT_ENOMEM, e, "cudaMalloc");
+    }
+    return 0;
+}
+
+void kvt__cu_free(void *d)
+{
+    if (d)
+        (void)cudaFree(d);
+}
+
+int kvt__cu_host_alloc(void **h_out, size_t bytes)
+{
+    const cudaError_t e =
+        cudaHostAlloc(h_out, bytes ? bytes : 1, cudaHostAllocMapped | cudaHostAllocPortable);
+    if (e != cudaSuccess) {
+        *h_out = NULL;
+        return KVT_CU_ERR(KVT_ENOMEM, e, "cudaHostAlloc");
+    }
+    return 0;
+}
+
+void kvt__cu_host_free(void *h)
+{
+    if (h)
+        (void)cudaFreeHost(h);
+}
+
+int kvt__cu_host_register(void *h, size_t bytes)
+{
+#ifdef KVT_CUDA_EMU
+    (void)h; // emulated device memory is host memory
+    (void)bytes;
+    return 0;
+#else
+    const cudaError_t e =
+        cudaHostRegister(h, bytes, cudaHostRegisterMapped | cudaHostRegisterPortable);
+    return e == cudaSuccess ? 0 : KVT_CU_ERR(KVT_EIO, e, "cudaHostRegister");
+#endif
+}
+
+void kvt__cu_host_unregister(void *h)
+{
+#ifndef KVT_CUDA_EMU
+    if (h)
+        (void)cudaHostUnregister(h);
+#else
+    (void)h;
+#endif
+}
+
+void *kvt__cu_host_device_ptr(void *h)
+{
+    void *d = NULL;
+    if (cudaHostGetDevicePointer(&d, h, 0) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return NULL;
+    }
+    return d;
+}
+
+// Setup and test helpers, never on a per-layer path: cudaMemcpy and
+// cudaMemset may return before a device-side copy or set is done and do not
+// order with the non-blocking streams the kernels run on, so both finish
+// with a device synchronisation.
+int kvt__cu_memcpy(void *dst, const void *src, size_t bytes)
+{
+    cudaError_t e = cudaMemcpy(dst, src, bytes, cudaMemcpyDefault);
+    if (e == cudaSuccess)
+        e = cudaDeviceSynchronize();
+    return e == cudaSuccess ? 0 : KVT_CU_ERR(KVT_EIO, e, "cudaMemcpy");
+}
+
+int kvt__cu_memset(void *d, int value, size_t bytes)
+{
+    cudaError_t e = cudaMemset(d, value, bytes);
+    if (e == cudaSuccess)
+        e = cudaDeviceSynchronize();
+    return e == cudaSuccess ? 0 : KVT_CU_ERR(KVT_EIO, e, "cudaMemset");
+}
+
+int kvt__cu_stream_create(void **stream, int low_priority)
+{
+    int lo = 0, hi = 0;
+    cudaStream_t s = NULL;
+    // Numerically larger = lower priority. The least priority is also the
+    // default one (0), so a copy stream ranks below decode only when the
+    // decode runs on a stream made with a higher priority.
+    cudaError_t e = cudaDeviceGetStreamPriorityRange(&lo, &hi);
+    if (e == cudaSuccess)
+        e = cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, low_priority ? lo : hi);
+    if (e != cudaSuccess) {
+        *stream = NULL;
+        return KVT_CU_ERR(KVT_EIO, e, "cudaStreamCreateWithPriority");
+    }
+    *stream = s;
+    return 0;
+}
+
+void kvt__cu_stream_destroy(void *stream)
+{
+    if (stream)
+        (void)cudaStreamDestroy(static_cast<cudaStream_t>(stream));
+}
+
+int kvt__cu_stream_sync(void *stream)
+{
+    const cudaError_t e = cudaStreamSynchronize(static_cast<cudaStream_t>(stream));
+    return e == cudaSuccess ? 0 : KVT_CU_ERR(KVT_EIO, e, "cudaStreamSynchronize");
+}
+
+int kvt__cu_event_create(void **event)
+{
+    cudaEvent_t ev = NULL;
+    const cudaError_t e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+    if (e != cudaSuccess) {
+        *event = NULL;
+        return KVT_CU_ERR(KVT_EIO, e, "cudaEventCreateWithFlags");
+    }
+    *event = ev;
+    return 0;
+}
+
+void kvt__cu_event_destroy(void *event)
+{
+    if (event)
+        (void)cudaEventDestroy(static_cast<cudaEvent_t>(event));
+}
+
+int kvt__cu_event_record(void *event, void *stream)
+{
+    const cudaError_t e =
+        cudaEventRecord(static_cast<cudaEvent_t>(event), static_cast<cudaStream_t>(stream));
+    return e == cudaSuccess ? 0 : KVT_CU_ERR(KVT_EIO, e, "cudaEventRecord");
+}
+
+int kvt__cu_stream_wait_event(void *stream, void *event)
+{
+    const cudaError_t e = cudaStreamWaitEvent(static_cast<cudaStream_t>(stream),
+                                              static_cast<cudaEvent_t>(event), 0);
+    return e == cudaSuccess ? 0 : KVT_CU_ERR(KVT_EIO, e, "cudaStreamWaitEvent");
+}
+
+int kvt__cu_event_query(void *event)
+{
+    const cudaError_t e = cudaEventQuery(static_cast<cudaEvent_t>(event));
+    if (e == cudaSuccess)
+        return 1;
+    if (e == cudaErrorNotReady) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return KVT_CU_ERR(KVT_EIO, e, "cudaEventQuery");
+}
+
+} // extern "C"

@@ -1,0 +1,78 @@
+# CUDA kernels: the emulated build and the kernel tests (included by the
+# Makefile). With CUDA=1 (nvcc found):
+#   - cuda/*.cu are built by nvcc into the library (rules in the Makefile);
+#   - the same sources are built by the host C++ compiler against the CPU
+#     emulation of the CUDA execution model (cuda/emu, -DKVT_CUDA_EMU) into
+#     $(O)/lib/libkvtier-emu.a, so the kernels' logic is tested on any
+#     machine;
+#   - every tests/gpu/test_cu_*.c links twice: $(O)/tests/gpu/test_cu_X
+#     (the GPU; exits 77 where there is none) and test_cu_X-emu (emulated).
+#   make check-gpu   the GPU binaries alone, each also under compute-sanitizer
+#                    memcheck and racecheck when the toolkit has it
+
+GPU_TEST_SRCS := $(wildcard tests/gpu/test_cu_*.c)
+GPU_TESTS     := $(GPU_TEST_SRCS:tests/gpu/%.c=%)
+
+ifeq ($(CUDA),1)
+EMU_SRCS := $(CU_SRCS) $(wildcard cuda/emu/*.cpp)
+EMU_OBJS := $(patsubst %.cpp,$(O)/obj-emu/%.o,$(EMU_SRCS:%.cu=$(O)/obj-emu/%.o))
+EMU_LIB  := $(O)/lib/libkvtier-emu.a
+EMU_CXXFLAGS = -std=c++17 -O1 -g -DKVT_CUDA_EMU -Iinclude -Icuda -I$(CUDA_HOME)/include -fPIC \
+               -fvisibility=hidden -Wall -Wextra $(if $(filter 1,$(WERROR)),-Werror) $(SANFLAGS)
+CUDA_HDRS := $(wildcard include/kvtier/*.h cuda/*.h cuda/*.cuh cuda/emu/*.h)
+
+$(O)/obj-emu/%.o: %.cu $(CUDA_HDRS)
+	@mkdir -p $(dir $@)
+	$(CXX) $(EMU_CXXFLAGS) -x c++ -c $< -o $@
+$(O)/obj-emu/%.o: %.cpp $(CUDA_HDRS)
+	@mkdir -p $(dir $@)
+	$(CXX) $(EMU_CXXFLAGS) -c $< -o $@
+
+$(EMU_LIB): $(filter-out $(CU_SRCS:%.cu=$(O)/obj/%.o),$(LIB_OBJS)) $(EMU_OBJS)
+	@mkdir -p $(dir $@)
+	rm -f $@
+	ar rcs $@ $^
+
+PROGS += $(O)/bin/kvtier-bench-emu
+GPU_TEST_SCRIPTS := tests/test_bench_cuda.sh
+
+GPU_TEST_CFLAGS = $(TEST_CFLAGS) -Icuda -Itests
+GPU_REAL_BINS := $(GPU_TESTS:%=$(O)/tests/gpu/%)
+GPU_EMU_BINS  := $(GPU_TESTS:%=$(O)/tests/gpu/%-emu) $(if $(wildcard tests/gpu/test_emu.cpp),$(O)/tests/gpu/test_emu)
+GPU_TEST_BINS := $(GPU_REAL_BINS) $(GPU_EMU_BINS)
+
+$(O)/obj-test/gpu/%.o: tests/gpu/%.c tests/testutil.h $(CUDA_HDRS) | $(O)/config-test.mk
+	@mkdir -p $(dir $@)
+	$(CC) $(GPU_TEST_CFLAGS) -c $< -o $@
+$(GPU_REAL_BINS): $(O)/tests/gpu/%: $(O)/obj-test/gpu/%.o $(LIB_A)
+	@mkdir -p $(dir $@)
+	$(CXX) $(SANFLAGS) $< -o $@ $(LIB_A) $(CMOCKA_LIBS) $(LIB_LDLIBS) $(LDFLAGS)
+$(O)/tests/gpu/%-emu: $(O)/obj-test/gpu/%.o $(EMU_LIB)
+	@mkdir -p $(dir $@)
+	$(CXX) $(SANFLAGS) $< -o $@ $(EMU_LIB) $(CMOCKA_LIBS) $(DEP_LIBS) $(LDFLAGS) -lm -lpthread
+$(O)/tests/gpu/test_emu: tests/gpu/test_emu.cpp $(O)/obj-emu/cuda/emu/emu.o $(O)/obj/lib/core/error.o \
+                         $(CUDA_HDRS) | $(O)/config-test.mk
+	@mkdir -p $(dir $@)
+	$(CXX) $(EMU_CXXFLAGS) $(CMOCKA_CFLAGS) -Ilib/core $< $(O)/obj-emu/cuda/emu/emu.o \
+	  $(O)/obj/lib/core/error.o -o $@ $(CMOCKA_LIBS) $(LDFLAGS) -lm -lpthread
+else
+GPU_REAL_BINS :=
+GPU_TEST_BINS :=
+GPU_TEST_SCRIPTS :=
+endif
+
+gpu-tests: $(GPU_TEST_BINS)
+
+COMPUTE_SANITIZER ?= $(or $(shell command -v compute-sanitizer 2>/dev/null),$(wildcard $(CUDA_HOME)/bin/compute-sanitizer $(CUDA_HOME)/compute-sanitizer/compute-sanitizer))
+check-gpu: $(GPU_REAL_BINS)
+	@if [ -z "$(GPU_REAL_BINS)" ]; then echo "check-gpu: built without CUDA (nvcc not found or CUDA=0)"; exit 1; fi
+	@O=$(O) sh tests/run.sh $(GPU_REAL_BINS)
+	@if [ -n "$(COMPUTE_SANITIZER)" ]; then \
+	  for tool in memcheck racecheck; do \
+	    echo "::: compute-sanitizer --tool $$tool"; \
+	    VALGRIND="$(COMPUTE_SANITIZER) --tool $$tool --error-exitcode 1" O=$(O) \
+	      sh tests/run.sh $(GPU_REAL_BINS) || exit 1; \
+	  done; \
+	else echo "check-gpu: compute-sanitizer not found (CUDA_HOME=$(CUDA_HOME)): sanitizer runs skipped"; fi
+
+.PHONY: gpu-tests check-gpu
