@@ -6,6 +6,7 @@
 #   make fuzz            libFuzzer on the profile parser and GGUF reader (FUZZ_TIME s each)
 #   make abi-check       ABI vs lib/libkvtier.abi   make abi-dump     rewrite the baseline
 #   make install / uninstall  (PREFIX, LIBDIR, INCLUDEDIR, MANDIR, BINDIR, DESTDIR)
+#   make check-gpu       CUDA kernel tests on the GPU (+ compute-sanitizer)
 #   CUDA=0 turns the CUDA backend off (default: on when nvcc is found)
 #   WERROR=1 turns warnings into errors (CI)    O=DIR builds elsewhere (default build)
 
@@ -40,6 +41,7 @@ CUDA := $(if $(NVCC),1,0)
 endif
 NVCC_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
              -gencode arch=compute_90,code=compute_90
+NVCC_WARN := -Xcompiler -Wall,-Wextra $(if $(filter 1,$(WERROR)),-Werror all-warnings -Xcompiler -Werror)
 
 LIBNAME  := libkvtier
 SONAME   := $(LIBNAME).so.$(VERSION_MAJOR)
@@ -86,7 +88,7 @@ NODEP_GOALS := clean distclean uninstall help
 ifneq ($(filter-out $(NODEP_GOALS),$(or $(MAKECMDGOALS),all)),)
 include $(O)/config.mk
 include $(O)/config-decode.mk
-ifneq ($(filter check% tests $(O)/tests/%,$(MAKECMDGOALS)),)
+ifneq ($(filter check% tests gpu-tests $(O)/tests/%,$(MAKECMDGOALS)),)
 include $(O)/config-test.mk
 endif
 endif
@@ -134,9 +136,14 @@ TESTS_FAULT  := test_mover_faults test_place_faults
 TESTS_DECODE := test_gguf test_tokenizer test_decode_model
 TEST_BINS := $(addprefix $(O)/tests/,$(TESTS_SHARED) $(TESTS_STATIC) $(TESTS_FAULT) \
              $(TESTS_DECODE) test_cxx_headers)
+# CUDA kernel tests (tests/gpu, mk/cuda.mk): each built against the GPU
+# (exits 77 without one) and against the CPU emulation of cuda/emu.
+include mk/cuda.mk
+TEST_BINS += $(GPU_TEST_BINS)
 TEST_SCRIPTS := tests/test_symbols.sh tests/test_man.sh tests/test_install.sh \
                 tests/test_profile_tool.sh tests/test_decode_tool.sh tests/test_cpp_example.sh \
                 tests/test_rust.sh
+TEST_SCRIPTS += $(GPU_TEST_SCRIPTS)
 
 .PHONY: all lib programs check check-asan check-valgrind demo install uninstall clean \
         distclean help tests cuda-compile fuzz
@@ -154,9 +161,10 @@ $(O)/obj/%.o: %.c $(wildcard include/kvtier/*.h lib/*/*.h) | $(O)/config.mk
 	@mkdir -p $(dir $@)
 	$(CC) $(BASE_CFLAGS) $(DEP_CFLAGS) $(CFLAGS) $(ISA_CFLAGS) -c $< -o $@
 
-$(O)/obj/%.o: %.cu $(wildcard include/kvtier/*.h)
+$(O)/obj/%.o: %.cu $(wildcard include/kvtier/*.h cuda/*.h cuda/*.cuh)
 	@mkdir -p $(dir $@)
-	$(NVCC) -std=c++17 -O2 $(NVCC_ARCH) -Iinclude -Xcompiler -fPIC,-fvisibility=hidden -c $< -o $@
+	$(NVCC) -std=c++17 -O2 $(NVCC_ARCH) -Iinclude -Icuda $(NVCC_WARN) \
+	  -Xcompiler -fPIC,-fvisibility=hidden,-fno-threadsafe-statics -c $< -o $@
 
 $(LIB_SO): $(LIB_OBJS) lib/libkvtier.map
 	@mkdir -p $(dir $@)
@@ -197,13 +205,30 @@ $(O)/bin/kvtier-pool-demo: examples/pool-demo/pool_demo.c $(LIB_SO)
 	$(CC) -std=c11 -D_GNU_SOURCE -Iinclude $(WARN) $(SANFLAGS) $(CFLAGS) $< -o $@ \
 	  -L$(O)/lib -lkvtier $(PROG_RPATH) $(LDFLAGS) -lm
 
-# bench_io.c's reference reader uses liburing directly.
-$(O)/bin/kvtier-bench: examples/bench/bench.c examples/bench/bench_io.c examples/bench/bench_tier.c \
-                       examples/bench/bench_io.h \
-                       $(LIB_SO)
+# bench_io.c's reference reader uses liburing directly. With CUDA the
+# program also carries bench_cuda.c (--backend cuda), which calls the
+# library's hidden kernel launchers: it links the static library then.
+BENCH_SRCS := examples/bench/bench.c examples/bench/bench_io.c examples/bench/bench_tier.c
+BENCH_HDRS := examples/bench/bench_io.h examples/bench/bench_cuda.h
+ifeq ($(CUDA),1)
+$(O)/bin/kvtier-bench: $(BENCH_SRCS) examples/bench/bench_cuda.c $(BENCH_HDRS) $(LIB_A) $(LIB_SO)
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 -D_GNU_SOURCE -Iinclude -Icuda -I$(CUDA_HOME)/include -DKVT_BENCH_CUDA $(WARN) \
+	  $(SANFLAGS) $(DEP_CFLAGS) $(CFLAGS) -pthread $(filter %.c,$^) -o $@ $(LIB_A) $(LDFLAGS) \
+	  $(LIB_LDLIBS) -lstdc++
+# The same program on the CPU emulation of CUDA (cuda/emu): --smoke runs
+# its CUDA cases here (tests/test_bench_cuda.sh).
+$(O)/bin/kvtier-bench-emu: $(BENCH_SRCS) examples/bench/bench_cuda.c $(BENCH_HDRS) $(EMU_LIB)
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 -D_GNU_SOURCE -Iinclude -Icuda -I$(CUDA_HOME)/include -DKVT_BENCH_CUDA \
+	  -DKVT_BENCH_EMU $(WARN) $(SANFLAGS) $(DEP_CFLAGS) $(CFLAGS) -pthread $(filter %.c,$^) -o $@ \
+	  $(EMU_LIB) $(LDFLAGS) $(DEP_LIBS) -lstdc++ -lm -lpthread
+else
+$(O)/bin/kvtier-bench: $(BENCH_SRCS) $(BENCH_HDRS) $(LIB_SO)
 	@mkdir -p $(dir $@)
 	$(CC) -std=c11 -D_GNU_SOURCE -Iinclude $(WARN) $(SANFLAGS) $(DEP_CFLAGS) $(CFLAGS) -pthread \
 	  $(filter %.c,$^) -o $@ -L$(O)/lib -lkvtier $(PROG_RPATH) $(LDFLAGS) $(DEP_LIBS) -lm
+endif
 
 # The example decoder: OpenBLAS for the model's products, -O3 and
 # -fopenmp-simd so its small loops vectorise.
@@ -269,12 +294,16 @@ $(O)/tests/test_cxx_headers: tests/test_cxx_headers.cpp $(wildcard include/kvtie
 	$(CXX) -std=c++17 -Iinclude -Wall -Wextra -Wpedantic -Werror $(SANFLAGS) $(CXXFLAGS) \
 	  $< -o $@ -L$(O)/lib -lkvtier -Wl,-rpath,'$$ORIGIN/../lib' $(CMOCKA_LIBS) $(LDFLAGS)
 
+# Under valgrind the CUDA kernel tests are left out: their emulated runs
+# are checked by ASan + UBSan (check-asan), the GPU runs by compute-sanitizer
+# (check-gpu).
 check: all $(TEST_BINS)
 	@O=$(O) VALGRIND="$(VALGRIND)" MAKE="$(MAKE)" CC="$(CC)" CXX="$(CXX)" \
-	  sh tests/run.sh $(TEST_BINS) $(if $(VALGRIND)$(SAN),,$(TEST_SCRIPTS))
+	  sh tests/run.sh $(if $(VALGRIND),$(filter-out $(GPU_TEST_BINS),$(TEST_BINS)),$(TEST_BINS)) \
+	  $(if $(VALGRIND)$(SAN),,$(TEST_SCRIPTS))
 
 check-asan:
-	$(MAKE) O=$(O)/asan SAN=1 CUDA=0 check
+	$(MAKE) O=$(O)/asan SAN=1 check
 
 check-valgrind:
 	@command -v valgrind >/dev/null || { \
@@ -340,7 +369,7 @@ install: all
 	install -m 644 man/man3/*.3 $(DESTDIR)$(MANDIR)/man3/
 	install -m 644 man/man5/*.5 $(DESTDIR)$(MANDIR)/man5/
 	install -m 644 man/man7/*.7 $(DESTDIR)$(MANDIR)/man7/
-	install -m 755 $(PROGS) $(DESTDIR)$(BINDIR)/
+	install -m 755 $(filter-out %-emu,$(PROGS)) $(DESTDIR)$(BINDIR)/
 
 uninstall:
 	rm -f $(DESTDIR)$(LIBDIR)/$(SOFILE) $(DESTDIR)$(LIBDIR)/$(SONAME) \
@@ -356,4 +385,4 @@ clean distclean:
 	rm -rf $(O)
 
 help:
-	@sed -n '2,10p' Makefile
+	@sed -n '2,11p' Makefile

@@ -17,6 +17,7 @@
 #include <kvtier/kvtier.h>
 
 #include "bench_io.h"
+#include "bench_cuda.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -971,6 +972,17 @@ static uint32_t layers_for(const bench_opts *o, uint32_t ctx)
 
 int main(int argc, char **argv)
 {
+    /* --backend cuda: the CUDA kernels (bench_cuda.c), whatever the command. */
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--backend=cuda") ||
+            (!strcmp(argv[i], "--backend") && i + 1 < argc && !strcmp(argv[i + 1], "cuda"))) {
+#ifdef KVT_BENCH_CUDA
+            return kvt_bench_cuda_main(argc, argv);
+#else
+            printf("{\"bench\":\"cuda\",\"skipped\":\"kvtier-bench was built without CUDA\"}\n");
+            return 77;
+#endif
+        }
     if (argc > 1 && strcmp(argv[1], "io") == 0)
         return bench_io_main(argc - 1, argv + 1);
     if (argc > 1 && strcmp(argv[1], "tier") == 0)
