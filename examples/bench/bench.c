@@ -89,23 +89,11 @@ static void usage_error(const char *msg, const char *arg)
     exit(2);
 }
 
-/* A positive count with an optional k (x1024) or m (x1048576) suffix. */
+/* A positive count with an optional k or m suffix (bench_count). */
 static uint32_t parse_count(const char *s, const char *flag)
 {
-    char *end;
-    if (!s || !*s || *s == '-')
-        usage_error("bad value for", flag);
-    unsigned long long v = strtoull(s, &end, 10);
-    if (end == s)
-        usage_error("bad value for", flag);
-    if (*end == 'k' || *end == 'K') {
-        v *= 1024ull;
-        end++;
-    } else if (*end == 'm' || *end == 'M') {
-        v *= 1048576ull;
-        end++;
-    }
-    if (*end || v == 0 || v > UINT32_MAX)
+    unsigned long long v;
+    if (bench_count(s, 1, UINT32_MAX, &v))
         usage_error("bad value for", flag);
     return (uint32_t)v;
 }

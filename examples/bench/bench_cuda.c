@@ -91,16 +91,7 @@ static void cb_die(const char *what, const char *detail)
         }                                                                                  \
     } while (0)
 
-/* A library (kvt__cu_*) call that must not fail. */
-#define KV(call)                                                                           \
-    do {                                                                                   \
-        int rc_ = (call);                                                                  \
-        if (rc_) {                                                                         \
-            fprintf(stderr, PROG ": %s failed: %s (%s)\n", #call, kvt_err_name(rc_),       \
-                    kvt_last_error());                                                     \
-            exit(1);                                                                       \
-        }                                                                                  \
-    } while (0)
+/* A library (kvt__cu_*) call that must not fail: CHECK (bench_io.h). */
 
 /* ---- options ---------------------------------------------------------------- */
 
@@ -144,23 +135,11 @@ static void cb_usage_error(const char *msg, const char *arg)
     exit(2);
 }
 
-/* A positive count with an optional k (x1024) or m (x1048576) suffix. */
+/* A positive count with an optional k or m suffix (bench_count). */
 static uint32_t cb_parse_count(const char *s, const char *flag)
 {
-    char *end;
-    if (!s || !*s || *s == '-')
-        cb_usage_error("bad value for", flag);
-    unsigned long long v = strtoull(s, &end, 10);
-    if (end == s)
-        cb_usage_error("bad value for", flag);
-    if (*end == 'k' || *end == 'K') {
-        v *= 1024ull;
-        end++;
-    } else if (*end == 'm' || *end == 'M') {
-        v *= 1048576ull;
-        end++;
-    }
-    if (*end || v == 0 || v > UINT32_MAX)
+    unsigned long long v;
+    if (bench_count(s, 1, UINT32_MAX, &v))
         cb_usage_error("bad value for", flag);
     return (uint32_t)v;
 }
@@ -373,7 +352,7 @@ static void cb_settle(void)
 static void *cb_dev_alloc(size_t bytes)
 {
     void *d = NULL;
-    KV(kvt__cu_malloc(&d, bytes));
+    CHECK(kvt__cu_malloc(&d, bytes));
     return d;
 }
 
@@ -381,7 +360,7 @@ static void *cb_dev_upload(const void *h, size_t bytes)
 {
     void *d = cb_dev_alloc(bytes);
     if (bytes)
-        KV(kvt__cu_memcpy(d, h, bytes));
+        CHECK(kvt__cu_memcpy(d, h, bytes));
     return d;
 }
 
@@ -602,7 +581,7 @@ static void cb_flush_init(cb *c)
     f->bytes = (uint64_t)n * CB_BLOCK_BYTES;
     f->d_arena = cb_dev_alloc((size_t)(n + 1ull) * CB_BLOCK_BYTES);
     /* f16 0x3c3c = 1.06: finite keys and values. */
-    KV(kvt__cu_memset(f->d_arena, 0x3c, (size_t)(n + 1ull) * CB_BLOCK_BYTES));
+    CHECK(kvt__cu_memset(f->d_arena, 0x3c, (size_t)(n + 1ull) * CB_BLOCK_BYTES));
     uint32_t *blocks = bench_xmalloc((size_t)n * sizeof *blocks);
     uint32_t *ntok = bench_xmalloc((size_t)n * sizeof *ntok);
     for (uint32_t i = 0; i < n; i++) {
@@ -664,7 +643,7 @@ static void cb_flush_free(cb_flush *f)
 static void cb_flush_enqueue(cb *c, void *stream)
 {
     if (c->fl.on)
-        KV(kvt__cu_attn(&c->fl.args, stream));
+        CHECK(kvt__cu_attn(&c->fl.args, stream));
 }
 
 /* What a timed launch runs: returns 0 or a KVT_E* code. */
@@ -699,15 +678,15 @@ static double cb_time(cb *c, cb_launch_fn fn, void *arg, void *stream, char *err
 {
     int rc = cb_enqueue_timed(c, fn, arg, stream, 1, c->ev_a, c->ev_b);
     if (rc == 0) {
-        KV(kvt__cu_stream_sync(stream));
+        CHECK(kvt__cu_stream_sync(stream));
         rc = cb_enqueue_timed(c, fn, arg, stream, c->o.reps, c->ev_a, c->ev_b);
     }
     if (rc) {
         snprintf(err, errn, "%s: %s", kvt_err_name(rc), kvt_last_error());
-        KV(kvt__cu_stream_sync(stream));
+        CHECK(kvt__cu_stream_sync(stream));
         return NAN;
     }
-    KV(kvt__cu_stream_sync(stream));
+    CHECK(kvt__cu_stream_sync(stream));
     return cb_collect(c, c->o.reps);
 }
 
@@ -769,7 +748,7 @@ static void cb_fill_random(uint8_t *d, uint64_t bytes, uint64_t seed, bool meta)
         for (uint64_t i = 0; i < pat / 2; i++)
             h[i] = cb_f32_to_f16(cb_unit(&s));
     }
-    KV(kvt__cu_memcpy(d, h, (size_t)pat));
+    CHECK(kvt__cu_memcpy(d, h, (size_t)pat));
     free(h);
     for (uint64_t off = pat; off < bytes; off += pat) {
         uint64_t n = bytes - off < pat ? bytes - off : pat;
@@ -1004,8 +983,8 @@ static void cb_check_attn(cb *c, const cb_attn *a, bool sparse, const uint8_t *a
 {
     size_t qn = (size_t)a->n_items * CB_G * CB_D;
     float *out = bench_xmalloc(qn * sizeof *out), *lse = bench_xmalloc(a->n_items * CB_G * 4);
-    KV(kvt__cu_memcpy(out, a->d_out, qn * sizeof *out));
-    KV(kvt__cu_memcpy(lse, a->d_lse, (size_t)a->n_items * CB_G * 4));
+    CHECK(kvt__cu_memcpy(out, a->d_out, qn * sizeof *out));
+    CHECK(kvt__cu_memcpy(lse, a->d_lse, (size_t)a->n_items * CB_G * 4));
     uint32_t rows[][2] = {{0, 0}, {1, 3}, {a->n_items / 2, 1}, {a->n_items - 1, CB_G - 1}};
     double worst = 0, worst_lse = 0;
     for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++) {
@@ -1047,10 +1026,10 @@ static void cb_check_select(cb *c, const cb_attn *a)
     uint32_t *sel = bench_xmalloc((size_t)a->n_items * (a->k + 2) * 4),
              *nsel = bench_xmalloc((size_t)a->n_items * 4);
     uint8_t *meta = bench_xmalloc((size_t)((n + 1) * CB_META_BYTES));
-    KV(kvt__cu_memcpy(vote, a->d_vote, (size_t)n * sizeof *vote));
-    KV(kvt__cu_memcpy(sel, a->d_sel, (size_t)a->n_items * (a->k + 2) * 4));
-    KV(kvt__cu_memcpy(nsel, a->d_n_sel, (size_t)a->n_items * 4));
-    KV(kvt__cu_memcpy(meta, a->d_meta, (size_t)((n + 1) * CB_META_BYTES)));
+    CHECK(kvt__cu_memcpy(vote, a->d_vote, (size_t)n * sizeof *vote));
+    CHECK(kvt__cu_memcpy(sel, a->d_sel, (size_t)a->n_items * (a->k + 2) * 4));
+    CHECK(kvt__cu_memcpy(nsel, a->d_n_sel, (size_t)a->n_items * 4));
+    CHECK(kvt__cu_memcpy(meta, a->d_meta, (size_t)((n + 1) * CB_META_BYTES)));
     double worst = 0;
     bool ok_topk = true;
     for (uint32_t it = 0; it < a->n_items; it++) {
@@ -1110,15 +1089,15 @@ static void cb_smoke_attn(cb *c, cb_attn *a)
 {
     uint64_t bytes = (a->n_blocks + 1) * CB_BLOCK_BYTES;
     uint8_t *arena = bench_xmalloc((size_t)bytes);
-    KV(kvt__cu_memcpy(arena, a->d_arena, (size_t)bytes));
-    KV(cb_launch_dense(a, c->s_normal));
-    KV(kvt__cu_stream_sync(c->s_normal));
+    CHECK(kvt__cu_memcpy(arena, a->d_arena, (size_t)bytes));
+    CHECK(cb_launch_dense(a, c->s_normal));
+    CHECK(kvt__cu_stream_sync(c->s_normal));
     cb_check_attn(c, a, false, arena);
-    KV(cb_launch_sparse(a, c->s_normal));
-    KV(kvt__cu_stream_sync(c->s_normal));
+    CHECK(cb_launch_sparse(a, c->s_normal));
+    CHECK(kvt__cu_stream_sync(c->s_normal));
     cb_check_attn(c, a, true, arena);
-    KV(cb_launch_select(a, c->s_normal));
-    KV(kvt__cu_stream_sync(c->s_normal));
+    CHECK(cb_launch_select(a, c->s_normal));
+    CHECK(kvt__cu_stream_sync(c->s_normal));
     cb_check_select(c, a);
     free(arena);
 }
@@ -1141,8 +1120,8 @@ static double cb_hbm_probe(cb *c, const char *when)
     while (bytes > (64ull << 20) && 2 * bytes + (1ull << 30) > free_b)
         bytes /= 2;
     uint8_t *a = cb_dev_alloc((size_t)bytes), *b = cb_dev_alloc((size_t)bytes);
-    KV(kvt__cu_memset(a, 0x5a, (size_t)bytes));
-    KV(kvt__cu_memset(b, 0, (size_t)bytes));
+    CHECK(kvt__cu_memset(a, 0x5a, (size_t)bytes));
+    CHECK(kvt__cu_memset(b, 0, (size_t)bytes));
     cb_settle();
     cudaStream_t s = (cudaStream_t)c->s_normal;
     for (uint32_t r = 0; r <= c->o.reps; r++) { /* r == 0: warm-up */
@@ -1151,9 +1130,9 @@ static double cb_hbm_probe(cb *c, const char *when)
         CU(cudaMemcpyAsync(b, a, (size_t)bytes, cudaMemcpyDeviceToDevice, s));
         CU(cudaEventRecord(c->ev_b[i], s));
         if (r == 0)
-            KV(kvt__cu_stream_sync(s));
+            CHECK(kvt__cu_stream_sync(s));
     }
-    KV(kvt__cu_stream_sync(s));
+    CHECK(kvt__cu_stream_sync(s));
     double ms = cb_collect(c, c->o.reps), gbps = cb_gbps(2.0 * (double)bytes, ms);
     kvt__cu_free(a);
     kvt__cu_free(b);
@@ -1414,12 +1393,12 @@ static int cb_launch_copy_memcpy(void *arg, void *stream)
  * bytes with its source. */
 static void cb_check_copy(cb *c, const cb_copy_env *e, const cb_copy_list *l, bool kernel)
 {
-    KV(kvt__cu_memset(e->d_arena, 0, (size_t)e->pass_bytes));
+    CHECK(kvt__cu_memset(e->d_arena, 0, (size_t)e->pass_bytes));
     cb_settle();
-    KV(kernel ? cb_launch_copy_kernel((void *)l, c->s_low) : cb_launch_copy_memcpy((void *)l, c->s_low));
-    KV(kvt__cu_stream_sync(c->s_low));
+    CHECK(kernel ? cb_launch_copy_kernel((void *)l, c->s_low) : cb_launch_copy_memcpy((void *)l, c->s_low));
+    CHECK(kvt__cu_stream_sync(c->s_low));
     uint8_t *back = bench_xmalloc((size_t)e->pass_bytes);
-    KV(kvt__cu_memcpy(back, e->d_arena, (size_t)e->pass_bytes));
+    CHECK(kvt__cu_memcpy(back, e->d_arena, (size_t)e->pass_bytes));
     uint32_t bad = 0;
     for (uint32_t i = 0; i < l->n; i++) {
         const uint8_t *src = e->h_arena + ((uint8_t *)(uintptr_t)l->h_list[i].src - e->h_dev);
@@ -1444,9 +1423,9 @@ static double cb_h2d_probe(cb *c, const cb_copy_env *e, const char *when)
                            cudaMemcpyHostToDevice, s));
         CU(cudaEventRecord(c->ev_b[i], s));
         if (r == 0)
-            KV(kvt__cu_stream_sync(s));
+            CHECK(kvt__cu_stream_sync(s));
     }
-    KV(kvt__cu_stream_sync(s));
+    CHECK(kvt__cu_stream_sync(s));
     double ms = cb_collect(c, c->o.reps), gbps = cb_gbps((double)e->pass_bytes, ms);
     j_begin("copy", "h2d_probe");
     j_str("when", when);
@@ -1512,19 +1491,19 @@ static void cb_concurrency(cb *c, const cb_copy_env *e, cb_conc_row *out, uint32
             cudaStream_t cs = (cudaStream_t)c->s_low;
             CU(cudaEventRecord(c->ev_x, cs));
             if (kernel) {
-                KV(cb_launch_copy_kernel(&l, cs));
+                CHECK(cb_launch_copy_kernel(&l, cs));
             } else {
-                KV(kvt__cu_copy_memcpy(l.h_list, quarter, cs));
+                CHECK(kvt__cu_copy_memcpy(l.h_list, quarter, cs));
             }
-            KV(cb_enqueue_timed(c, cb_launch_sparse, &a, ds, reps, c->ev_a, c->ev_b));
+            CHECK(cb_enqueue_timed(c, cb_launch_sparse, &a, ds, reps, c->ev_a, c->ev_b));
             if (kernel) {
-                KV(cb_launch_copy_kernel(&l, cs));
+                CHECK(cb_launch_copy_kernel(&l, cs));
             } else if (l.n > quarter) {
-                KV(kvt__cu_copy_memcpy(l.h_list + quarter, l.n - quarter, cs));
+                CHECK(kvt__cu_copy_memcpy(l.h_list + quarter, l.n - quarter, cs));
             }
             CU(cudaEventRecord(c->ev_y, cs));
-            KV(kvt__cu_stream_sync(ds));
-            KV(kvt__cu_stream_sync(cs));
+            CHECK(kvt__cu_stream_sync(ds));
+            CHECK(kvt__cu_stream_sync(cs));
             double conc = cb_collect(c, reps);
             double lead = cb_elapsed(c->ev_x, c->ev_a[0]), tail = cb_elapsed(c->ev_b[reps - 1], c->ev_y);
             double copy_ms = cb_elapsed(c->ev_x, c->ev_y);
@@ -1567,7 +1546,7 @@ static void cb_cmd_copy(cb *c)
                      .pass_bytes = c->o.smoke ? (1ull << 20) : (1ull << 30)};
     fprintf(stderr, "copy: %.2f GiB pinned host arena, %.2f GiB per pass\n",
             (double)e.host_bytes / GIB, (double)e.pass_bytes / GIB);
-    KV(kvt__cu_host_alloc((void **)&e.h_arena, (size_t)e.host_bytes));
+    CHECK(kvt__cu_host_alloc((void **)&e.h_arena, (size_t)e.host_bytes));
     e.h_dev = kvt__cu_host_device_ptr(e.h_arena);
     if (!e.h_dev)
         cb_die("cudaHostGetDevicePointer failed on the pinned arena", NULL);
@@ -1601,8 +1580,8 @@ static void cb_cmd_copy(cb *c)
         /* The memcpy path: also the host's enqueue time, which the events
          * include where the copies outrun the enqueueing. */
         double mms = NAN, enq[1000];
-        KV(cb_launch_copy_memcpy(&l, c->s_low));
-        KV(kvt__cu_stream_sync(c->s_low));
+        CHECK(cb_launch_copy_memcpy(&l, c->s_low));
+        CHECK(kvt__cu_stream_sync(c->s_low));
         for (uint32_t r = 0; r < c->o.reps; r++) {
             double t0 = bench_now();
             CU(cudaEventRecord(c->ev_a[r], (cudaStream_t)c->s_low));
@@ -1614,7 +1593,7 @@ static void cb_cmd_copy(cb *c)
                 break;
             }
         }
-        KV(kvt__cu_stream_sync(c->s_low));
+        CHECK(kvt__cu_stream_sync(c->s_low));
         if (!*em)
             mms = cb_collect(c, c->o.reps);
         double enq_ms = *em ? NAN : cb_median(enq, c->o.reps);
@@ -1761,8 +1740,8 @@ int kvt_bench_cuda_main(int argc, char **argv)
     fprintf(stderr, "device: %s, %d SMs, L2 %d KiB%s\n", c.dev.name, c.dev.sms,
             c.dev.l2_bytes / 1024, c.o.smoke ? " (smoke sizes)" : "");
     c.s_normal = cb_stream_normal(&c.dev);
-    KV(kvt__cu_stream_create(&c.s_high, 0));
-    KV(kvt__cu_stream_create(&c.s_low, 1));
+    CHECK(kvt__cu_stream_create(&c.s_high, 0));
+    CHECK(kvt__cu_stream_create(&c.s_low, 1));
     c.ev_a = bench_xmalloc((c.o.reps + 1) * sizeof *c.ev_a);
     c.ev_b = bench_xmalloc((c.o.reps + 1) * sizeof *c.ev_b);
     c.ms = bench_xmalloc((c.o.reps + 1) * sizeof *c.ms);

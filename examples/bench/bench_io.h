@@ -12,6 +12,7 @@ int bench_io_main(int argc, char **argv);
 int bench_tier_main(int argc, char **argv);
 
 /* Helpers both subcommands use. */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
@@ -36,6 +37,29 @@ static inline void *bench_xmalloc(size_t n)
         exit(1);
     }
     return p;
+}
+
+/* A count with an optional k (x1024) or m (x1048576) suffix in [lo, hi]:
+ * 0 and *out set, or -1 (the caller reports its usage error). */
+static inline int bench_count(const char *s, unsigned long long lo, unsigned long long hi,
+                              unsigned long long *out)
+{
+    char *end;
+    if (!s || !*s || *s == '-')
+        return -1;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (end == s || errno)
+        return -1;
+    unsigned long long mul = 1;
+    if (*end == 'k' || *end == 'K')
+        mul = 1024ull, end++;
+    else if (*end == 'm' || *end == 'M')
+        mul = 1048576ull, end++;
+    if (*end || v > hi / mul || v * mul < lo || v * mul > hi)
+        return -1;
+    *out = v * mul;
+    return 0;
 }
 
 static inline double bench_now(void)

@@ -111,24 +111,11 @@ static void tier_usage_error(const char *msg, const char *arg)
     exit(2);
 }
 
-/* A positive count with an optional k (x1024) or m (x1048576) suffix. */
+/* A count in [lo, hi] with an optional k or m suffix (bench_count). */
 static uint32_t tier_count(const char *s, const char *flag, uint32_t lo, uint32_t hi)
 {
-    char *end;
-    if (!s || !*s || *s == '-')
-        tier_usage_error("bad value for", flag);
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (end == s || errno)
-        tier_usage_error("bad value for", flag);
-    if (*end == 'k' || *end == 'K') {
-        v *= 1024ull;
-        end++;
-    } else if (*end == 'm' || *end == 'M') {
-        v *= 1048576ull;
-        end++;
-    }
-    if (*end || v < lo || v > hi)
+    unsigned long long v;
+    if (bench_count(s, lo, hi, &v))
         tier_usage_error("bad value for", flag);
     return (uint32_t)v;
 }
