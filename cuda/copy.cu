@@ -181,9 +181,11 @@ int kvt__cu_copy_kernel(const kvt__cu_copy *d_list, uint32_t n, uint32_t max_blo
         cudaError_t e = cudaGetDevice(&dev);
         if (e == cudaSuccess)
             e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-        if (e != cudaSuccess)
+        if (e != cudaSuccess) {
+            (void)cudaGetLastError(); // else the next launch reports it as its own
             return kvt__err(KVT_EIO, "kvt__cu_copy_kernel: SM count: %s (%s)",
                             cudaGetErrorName(e), cudaGetErrorString(e));
+        }
         grid = 2u * static_cast<uint32_t>(sms > 0 ? sms : 1);
     }
     grid = kvt_umin(grid, 0x7fffffffu);
@@ -214,10 +216,12 @@ int kvt__cu_copy_memcpy(const kvt__cu_copy *h_list, uint32_t n, void *stream)
                                               reinterpret_cast<const void *>(c->src), c->bytes,
                                               cudaMemcpyDefault,
                                               static_cast<cudaStream_t>(stream));
-        if (e != cudaSuccess)
+        if (e != cudaSuccess) {
+            (void)cudaGetLastError(); // else the next launch reports it as its own
             return kvt__err(KVT_EIO, "kvt__cu_copy_memcpy: h_list[%u] (%llu bytes): %s (%s)", i,
                             (unsigned long long)c->bytes, cudaGetErrorName(e),
                             cudaGetErrorString(e));
+        }
     }
     return 0;
 }

@@ -610,10 +610,12 @@ int kvt__at_device_attr(cudaDeviceAttr what, int *v, int *dev, bool report)
     cudaError_t e = cudaGetDevice(dev);
     if (e == cudaSuccess)
         e = cudaDeviceGetAttribute(v, what, *dev);
-    if (e != cudaSuccess)
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError(); // else the next launch reports it as its own
         return report ? kvt__err(KVT_EIO, "kvt__cu_attn: device query failed: %s (%s)",
                                  cudaGetErrorName(e), cudaGetErrorString(e))
                       : KVT_EIO;
+    }
     return 0;
 }
 
@@ -734,18 +736,23 @@ int kvt__attn_plan_make(const kvt__cu_attn_args *a, kvt__attn_plan *pl, bool rep
 template <int DT, bool AL> cudaError_t kvt__at_launch_split(const kvt__attn_plan *pl, void *stream)
 {
     void (*kvt__attn_split_kernel)(const kvt__attn_kp) = kvt__attn_split<DT, AL>;
-    // Above the default 48 KiB the kernel's cap is raised, once per device,
-    // to all the device's opt-in limit leaves beside the kernel's static
-    // shared memory (the cap only bounds what a launch
-    // may ask for; occupancy follows the launch's actual size). Bit d of
-    // `raised`: done on device d (devices past 63 raise it every launch).
+    // Above the default 48 KiB - counting the static tnt[]: the default cap
+    // on the dynamic part is 48 KiB less the static shared memory - the
+    // kernel's cap is raised, once per device, to all the device's opt-in
+    // limit leaves beside the kernel's static shared memory (the cap only
+    // bounds what a launch may ask for; occupancy follows the launch's
+    // actual size). Bit d of `raised`: done on device d (devices past 63
+    // raise it every launch).
     static std::atomic<uint64_t> raised{0};
     const uint64_t bit = pl->dev >= 0 && pl->dev < 64 ? 1ull << pl->dev : 0u;
-    if (pl->smem > 48u * 1024u && !(raised.load(std::memory_order_relaxed) & bit)) {
+    if (pl->smem + KVT__AT_STATIC_SMEM > 48u * 1024u &&
+        !(raised.load(std::memory_order_relaxed) & bit)) {
         const cudaError_t e = KVT_SET_MAX_DYN_SHARED(kvt__attn_split_kernel,
                                                        pl->smem_max - KVT__AT_STATIC_SMEM);
-        if (e != cudaSuccess)
+        if (e != cudaSuccess) {
+            (void)cudaGetLastError(); // reported by the caller, not by the next launch
             return e;
+        }
         raised.fetch_or(bit, std::memory_order_relaxed);
     }
     return KVT_LAUNCH(kvt__attn_split_kernel, pl->grid, KVT__AT_THREADS, pl->smem, stream, pl->k);

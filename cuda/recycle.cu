@@ -305,17 +305,25 @@ int kvt__cu_recycle(const kvt__cu_recycle_args *a, void *stream)
         cudaError_t e = cudaGetDevice(&dev);
         if (e == cudaSuccess)
             e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-        if (e != cudaSuccess)
+        if (e != cudaSuccess) {
+            (void)cudaGetLastError(); // else the next launch reports it as its own
             return kvt__err(KVT_EIO, "kvt__cu_recycle: shared memory limit: %s (%s)",
                             cudaGetErrorName(e), cudaGetErrorString(e));
+        }
         // The static part (s_warp) shares the limit.
-        if (smem + 32 * KVT__RC_NSCAN * sizeof(uint32_t) > (size_t)optin)
+        const size_t stat = 32 * KVT__RC_NSCAN * sizeof(uint32_t);
+        if (smem + stat > (size_t)optin)
             return kvt__err(KVT_EINVAL, "a->max_pages: %u needs %zu bytes of shared memory, "
                             "the device allows %d a block", a->max_pages, smem, optin);
-        e = KVT_SET_MAX_DYN_SHARED(kvt__recycle_k, smem);
-        if (e != cudaSuccess)
+        // The cap goes to all the opt-in limit allows, not to this launch's
+        // size: it is per kernel and device, not per launch, so lowering it
+        // would fail a bigger launch another host thread has just allowed.
+        e = KVT_SET_MAX_DYN_SHARED(kvt__recycle_k, (size_t)optin - stat);
+        if (e != cudaSuccess) {
+            (void)cudaGetLastError();
             return kvt__err(KVT_EIO, "kvt__cu_recycle: %zu bytes of shared memory: %s (%s)", smem,
                             cudaGetErrorName(e), cudaGetErrorString(e));
+        }
     }
     const kvt__cu_recycle_args args = *a; // by value: the launch may outlive *a
     const cudaError_t e =
