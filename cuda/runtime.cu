@@ -4,8 +4,12 @@
 
 #include <stdio.h>
 
+// A failed call also leaves its error as the thread's "last error", which the
+// next kernel launch (KVT_LAUNCH reads cudaGetLastError) would report as its
+// own failure: clear it (a sticky error stays; later calls report it anyway).
 #define KVT_CU_ERR(code, e, what)                                                          \
-    kvt__err((code), "%s: %s (%s)", (what), cudaGetErrorName(e), cudaGetErrorString(e))
+    ((void)cudaGetLastError(),                                                             \
+     kvt__err((code), "%s: %s (%s)", (what), cudaGetErrorName(e), cudaGetErrorString(e)))
 
 extern "C" {
 
@@ -96,11 +100,15 @@ void *kvt__cu_host_device_ptr(void *h)
 
 // Setup and test helpers, never on a per-layer path: cudaMemcpy and
 // cudaMemset may return before a device-side copy or set is done and do not
-// order with the non-blocking streams the kernels run on, so both finish
-// with a device synchronisation.
+// order with the non-blocking streams the kernels run on (they go to the
+// legacy default stream), so both start and finish with a device
+// synchronisation: after all earlier work (a kernel still reading or
+// writing the buffer), before all later work.
 int kvt__cu_memcpy(void *dst, const void *src, size_t bytes)
 {
-    cudaError_t e = cudaMemcpy(dst, src, bytes, cudaMemcpyDefault);
+    cudaError_t e = cudaDeviceSynchronize();
+    if (e == cudaSuccess)
+        e = cudaMemcpy(dst, src, bytes, cudaMemcpyDefault);
     if (e == cudaSuccess)
         e = cudaDeviceSynchronize();
     return e == cudaSuccess ? 0 : KVT_CU_ERR(KVT_EIO, e, "cudaMemcpy");
@@ -108,7 +116,9 @@ int kvt__cu_memcpy(void *dst, const void *src, size_t bytes)
 
 int kvt__cu_memset(void *d, int value, size_t bytes)
 {
-    cudaError_t e = cudaMemset(d, value, bytes);
+    cudaError_t e = cudaDeviceSynchronize();
+    if (e == cudaSuccess)
+        e = cudaMemset(d, value, bytes);
     if (e == cudaSuccess)
         e = cudaDeviceSynchronize();
     return e == cudaSuccess ? 0 : KVT_CU_ERR(KVT_EIO, e, "cudaMemset");
@@ -186,6 +196,18 @@ int kvt__cu_event_query(void *event)
         return 0;
     }
     return KVT_CU_ERR(KVT_EIO, e, "cudaEventQuery");
+}
+
+int kvt__cu_event_sync(void *event)
+{
+    const cudaError_t e = cudaEventSynchronize(static_cast<cudaEvent_t>(event));
+    return e == cudaSuccess ? 0 : KVT_CU_ERR(KVT_EIO, e, "cudaEventSynchronize");
+}
+
+int kvt__cu_set_device(int device)
+{
+    const cudaError_t e = cudaSetDevice(device);
+    return e == cudaSuccess ? 0 : KVT_CU_ERR(KVT_EIO, e, "cudaSetDevice");
 }
 
 } // extern "C"
