@@ -69,6 +69,10 @@ KVT__HIDDEN int kvt__cu_event_record(void *event, void *stream);
 KVT__HIDDEN int kvt__cu_stream_wait_event(void *stream, void *event);
 /* 1 done, 0 pending, <0 error. */
 KVT__HIDDEN int kvt__cu_event_query(void *event);
+/* Waits for the event (the host thread, not the device). */
+KVT__HIDDEN int kvt__cu_event_sync(void *event);
+/* Makes `device` current for the calling thread. */
+KVT__HIDDEN int kvt__cu_set_device(int device);
 
 /* ---- append + metadata (cuda/append.cu) ------------------------------------
  * One item per (sequence, KV head) of one layer: n_tokens consecutive
@@ -330,6 +334,76 @@ typedef struct kvt__cu_recycle_args {
     uint32_t *d_status;
 } kvt__cu_recycle_args;
 KVT__HIDDEN int kvt__cu_recycle(const kvt__cu_recycle_args *a, void *stream);
+
+/* ---- finishing a step's selection on the device (cuda/selfinish.cu) -------
+ * One item per (sequence, KV head) of a layer, after kvt__cu_topk ran for
+ * the reranked items. Per item, by mode:
+ *  KVT__CU_SF_RERANK: the selection is already at d_sel[sel_off ...] (count
+ *    d_n_sel[item]) and its top-k part at d_topk[sel_off ...] (count
+ *    d_n_topk[item]); the top-k part is saved: copied to
+ *    d_saved[saved_off ...] with its count in d_n_saved[saved_idx];
+ *  KVT__CU_SF_REUSE: the selection is rebuilt by the rule of kvt__sel_pick
+ *    with reused top-k pages: the forced pages (first min(sink, np), last
+ *    min(local, np), and page np - 1 when tokens % P != 0) united with the
+ *    saved pages d_saved[saved_off ... + d_n_saved[saved_idx]) that are
+ *    < np, in increasing order, written to d_sel[sel_off ...] with the count
+ *    in d_n_sel[item] (saved entries are increasing and distinct);
+ *  KVT__CU_SF_ALL: every page 0 .. np - 1 (dense).
+ * Then, in every mode, the selection's pages are mapped to device blocks:
+ * d_blocks[sel_off + j] = d_dev_table[table_off + page_j] and
+ * d_ntok[sel_off + j] = min(P, tokens - page_j * P), and
+ * d_attn[item].n_pages = the selection's count (the other fields of the
+ * attention item are the caller's), so kvt__cu_attn can run next without
+ * the host seeing the selection. Capacity at sel_off: >= np.
+ * Nothing past the counts is written. kvt__cu_topk indexes d_n_sel and
+ * d_n_topk by its own item number: the RERANK items must have the same
+ * numbers in both launches (e.g. run kvt__cu_topk over this item list with
+ * n_pages 0 for the other modes, or put the RERANK items first). Items must
+ * name distinct sel_off regions, and a RERANK item's saved region (and
+ * saved_idx) must be no other item's in the same launch.
+ * Item errors: an item with an unknown mode, n_pages != ceil(tokens / P),
+ * d_n_sel > np or d_n_topk > d_n_sel (RERANK), a top-k part longer than
+ * saved_cap (RERANK) or d_n_saved > saved_cap (REUSE), a list out of order
+ * (d_sel / d_topk entries not increasing or >= np; saved entries not
+ * increasing), or a mode whose arrays were passed as NULL (RERANK needs
+ * d_topk and d_saved, REUSE d_saved) writes d_n_sel[item] = UINT32_MAX and
+ * d_attn[item].n_pages = 0 and nothing else (every check precedes the first
+ * write); the host checks d_n_sel. A block per item, no shared-memory
+ * bitmap: the saved entries that join are a contiguous run of the sorted
+ * list, found by counting, so any page count works (max_pages is unused).
+ * Launcher errors (KVT_EINVAL naming the field): P outside 1..1024,
+ * n_items above 2^31 - 1, a NULL array other than d_topk / d_n_topk and
+ * d_saved / d_n_saved (each pair NULL together or neither); n_items == 0
+ * does nothing. */
+#define KVT__CU_SF_RERANK 0u
+#define KVT__CU_SF_REUSE  1u
+#define KVT__CU_SF_ALL    2u
+typedef struct kvt__cu_sf_item {
+    uint64_t sel_off;     /* into d_sel, d_topk, d_blocks, d_ntok */
+    uint64_t saved_off;   /* into d_saved */
+    uint64_t table_off;   /* into d_dev_table */
+    uint32_t saved_idx;   /* into d_n_saved */
+    uint32_t mode;        /* KVT__CU_SF_* */
+    uint32_t n_pages, tokens, sink, local;
+} kvt__cu_sf_item;
+
+typedef struct kvt__cu_sf_args {
+    const kvt__cu_sf_item *d_items;
+    uint32_t n_items;
+    uint32_t P;
+    uint32_t max_pages;         /* >= every item's n_pages (sizing hint) */
+    uint32_t saved_cap;         /* entries at each saved_off; a top-k part
+                                   longer than this is an error: the item's
+                                   d_n_sel is set to UINT32_MAX (the host
+                                   checks) - see "Item errors" above */
+    uint32_t *d_sel, *d_n_sel;
+    const uint32_t *d_topk, *d_n_topk;
+    uint32_t *d_saved, *d_n_saved;
+    const uint32_t *d_dev_table;
+    uint32_t *d_blocks, *d_ntok;
+    kvt__cu_attn_item *d_attn;  /* n_pages written per item */
+} kvt__cu_sf_args;
+KVT__HIDDEN int kvt__cu_sel_finish(const kvt__cu_sf_args *a, void *stream);
 
 #ifdef __cplusplus
 }
