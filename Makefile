@@ -104,6 +104,7 @@ $(O)/config-test.mk: Makefile $(O)/config.mk $(O)/config-decode.mk
 LIB_SRCS := $(wildcard lib/core/*.c lib/select/*.c lib/attn/*.c lib/tier/*.c lib/policy/*.c)
 ifeq ($(CUDA),1)
 CU_SRCS  := $(wildcard cuda/*.cu)
+LIB_SRCS += lib/backend/cuda_pool.c
 CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lpthread
 else
 LIB_SRCS += lib/backend/cuda_none.c
@@ -157,7 +158,7 @@ tests: $(TEST_BINS)
 $(O)/obj/lib/attn/kern_avx2.o: ISA_CFLAGS = -mavx2 -mfma -mf16c
 $(O)/obj/lib/attn/kern_avx512.o: ISA_CFLAGS = -mavx512f -mavx512bw -mavx512vl -mavx2 -mfma -mf16c
 
-$(O)/obj/%.o: %.c $(wildcard include/kvtier/*.h lib/*/*.h) | $(O)/config.mk
+$(O)/obj/%.o: %.c $(wildcard include/kvtier/*.h lib/*/*.h cuda/*.h) | $(O)/config.mk
 	@mkdir -p $(dir $@)
 	$(CC) $(BASE_CFLAGS) $(DEP_CFLAGS) $(CFLAGS) $(ISA_CFLAGS) -c $< -o $@
 

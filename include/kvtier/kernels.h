@@ -18,6 +18,17 @@
  * in the order of the plan's sequences, lse is [n_seqs][n_q_heads]; query
  * head j belongs to KV head j / (n_q_heads / n_kv_heads).
  *
+ * CUDA backend (kvt_pool_opts.backend = KVT_BACKEND_CUDA): q, k, v, out and
+ * lse MUST be device pointers (or pinned host memory mapped for the
+ * device); plain host memory faults the kernel. The per-layer calls
+ * enqueue kernels on kvt_step_opts.stream and return without waiting, so
+ * the engine orders its own kernels after them on that stream.
+ * kvt_step_plan may wait: for the previous step's kernels (before reusing
+ * their buffers) and, when a sequence's block table grew, for the device
+ * (the table is uploaded whole). kvt_step_selection waits for the step's
+ * work (it returns host data). The calls make the pool's device
+ * (kvt_pool_opts.cuda_device) current on the calling thread.
+ *
  * Thread safety: a step belongs to its pool; a pool has at most one open
  * step, and the pool, its sequences and the step are used by one thread at a
  * time (the library's own worker threads excepted).
@@ -66,12 +77,14 @@ typedef struct kvt_step_opts {
      * struct_size reads this as NULL). */
     void *stream;                /* the engine's stream (a cudaStream_t) that
                                     every kernel of the step is ordered on
-                                    (CUDA backend; no call of the step then
-                                    uses the default stream or synchronises
-                                    the device). The CPU backend runs the
-                                    kernels on the calling thread and the
-                                    pool's workers, in call order, and
-                                    ignores it. NULL = none */
+                                    (CUDA backend; the per-layer calls then
+                                    return without waiting and never use
+                                    the default stream). NULL on the CUDA
+                                    backend: the pool's own stream, and each
+                                    per-layer call waits for its kernels.
+                                    The CPU backend runs the kernels on the
+                                    calling thread and the pool's workers,
+                                    in call order, and ignores it */
 } kvt_step_opts;
 
 #define KVT_STEP_OPTS_INIT { (uint32_t)sizeof(kvt_step_opts), 0u, NULL, 0.0f, 0u, NULL, NULL, NULL }

@@ -204,7 +204,12 @@ KVT_API int kvt_seq_release(kvt_pool *pool, kvt_seq_id seq);
  * n_kv_heads * head_dim, i.e. dense). Values are converted to the pool's
  * dtype (round to nearest even) and the per-page key metadata is updated.
  * n_tokens == 1 is the decode append; larger counts are prefill.
- * All-or-nothing: on failure nothing of the call is stored. */
+ * All-or-nothing: on failure nothing of the call is stored. On the CUDA
+ * backend k and v are device pointers (or mapped pinned host memory) whose
+ * contents must be complete when the call is made (it runs on the pool's
+ * own stream, which does not order with the engine's), and the call
+ * returns once the GPU has stored the rows (a failed kernel launch is
+ * KVT_EIO, with the new pages released). */
 KVT_API int kvt_seq_append(kvt_pool *pool, kvt_seq_id seq, uint32_t layer,
                            const void *k, const void *v, uint32_t n_tokens,
                            kvt_dtype src_dtype, uint64_t token_stride);

@@ -14,6 +14,7 @@
 #include "../core/internal.h"
 #include "../policy/policy_int.h"
 #include "../tier/tier.h"
+#include "step_int.h"
 
 #define KVT__STEP_OPTS_V1 24u
 _Static_assert(offsetof(kvt_step_opts, reserved) + 4 == KVT__STEP_OPTS_V1, "step opts v1");
@@ -32,67 +33,6 @@ _Static_assert(sizeof(kvt_step_opts) == KVT__STEP_OPTS_V3, "step opts v3 size");
 #define KVT__CHUNK_PAGES 32u
 #define KVT__NO_LAYER 0xffffffffu
 
-struct kvt_step {
-    kvt_pool *pool;
-    bool open;
-    const kvt_selector *sel;
-    /* Per-head budget and interval, [L * H]: the policy's when the plan has
-     * one, else the selector's. */
-    const uint32_t *k, *sink, *local, *interval;
-    kvt_profiler *prof;       /* records the top-K sets of reranked heads */
-    uint8_t *recorded;        /* [L] layer already recorded in this step */
-    size_t cap_rec;
-    uint32_t *rec;            /* [cap_rec] one head's top-K part */
-    uint32_t flags;
-    float scale;
-    uint32_t n;               /* sequences */
-    uint32_t L, H, Hq, G, D, P;
-
-    uint32_t cap_n;
-    kvt_seq_id *ids;          /* [n] */
-    kvt__seq **seqs;          /* [n] */
-    uint32_t *expect;         /* [n * L] tokens each layer should hold */
-    uint8_t *due;             /* [n * L * H] rerank this step */
-    uint8_t *appended;        /* [L] */
-    uint32_t sel_layer;       /* layer of the current selection */
-
-    uint32_t *sel_off, *sel_cnt; /* [n * H] */
-    uint8_t *sel_rr;          /* [n * H] rescored */
-    uint32_t *task0, *ntask;  /* [n * H] decode tasks of each (seq, head) */
-    _Atomic uint32_t *pending; /* [n * H] tasks left before the merge */
-    size_t cap_sel;
-    uint32_t *sel_pages;      /* [cap_sel] */
-    size_t cap_tasks;
-    uint32_t *task_ih, *task_first, *task_count; /* [cap_tasks] */
-    size_t cap_part;
-    float *part;              /* [cap_tasks][2G + G*D] */
-    uint32_t n_threads;
-    size_t tstride, cap_tmem;
-    uint8_t *tmem;            /* [n_threads][tstride] */
-
-    /* Tiered placement (a pool with a policy, not a dense step). */
-    bool tiered;
-    kvt_fence *fence;         /* [n] promotions in flight (0 = none) */
-    int32_t *fcode;           /* [n] their outcome once reported */
-    uint8_t *fpend;           /* [n] 1 = fence not yet reported */
-    kvt_fence *wf;            /* [n] warm-up's promotions in flight (0 = none) */
-    int32_t *wcode;           /* [n] their outcome once reported */
-    uint32_t *pm_off, *pm_cnt; /* [n] the sequence's moves in pm */
-    size_t cap_pm;
-    kvt_move *pm;             /* [cap_pm] promotions of the current layer */
-    uint32_t *pmdst;          /* [cap_pm] device block handed to each */
-    int32_t *pmres;           /* [cap_pm] per-move outcome */
-    size_t cap_ev;
-    void *ev;                 /* [cap_ev] eviction candidates of one head */
-    uint32_t *pml;            /* [cap_ev] promoted pages of one head */
-    uint8_t *failed;          /* [n] a promotion of the sequence failed */
-
-    /* Arguments of the running job. */
-    uint32_t layer;
-    const float *q;
-    float *out, *lse;
-    _Atomic int err;
-};
 
 void kvt__step_free(struct kvt_step *st)
 {
@@ -327,6 +267,9 @@ KVT_API int kvt_step_plan(kvt_pool *pool, const kvt_seq_id *seqs, uint32_t n_seq
     if (prof && (rc = kvt__geometry_same(kvt__profiler_geometry(prof), &pool->g,
                                          "opts->profiler", "the profiler", "the pool")))
         return rc;
+    if (prof && pool->cu)
+        return kvt__err(KVT_ENOTSUP, "opts->profiler: the CUDA backend does not feed a "
+                        "profiler in this release (profile on the CPU backend)");
     if (pool->step && pool->step->open)
         return kvt__err(KVT_ESTATE, "pool: a step is still open (call kvt_step_finish)");
 
@@ -616,6 +559,8 @@ KVT_API int kvt_step_plan(kvt_pool *pool, const kvt_seq_id *seqs, uint32_t n_seq
         if (tiered)
             ss[i]->wfence = 0;
     }
+    if (pool->cu && (rc = kvt__cuda_step_plan(st, o.stream)))
+        goto out_free;
     st->open = true;
     pool->step_id++; /* dirty ranges start empty */
     pool->clock++; /* the step's stamp on the pages it selects */
@@ -674,6 +619,10 @@ KVT_API int kvt_step_finish(kvt_step *st)
             kvt__fail_reset(st, i);
         }
         rc = kvt__place_offload(st->pool, st->seqs, st->ids, st->n, UINT32_MAX, false);
+    }
+    if (st->pool->cu) {
+        const int rc2 = kvt__cuda_step_finish(st);
+        rc = rc ? rc : rc2;
     }
     for (uint32_t i = 0; i < st->n; i++) {
         kvt__seq *s = st->seqs[i]; /* slots live as long as the pool */
@@ -774,6 +723,27 @@ KVT_API int kvt_append(kvt_step *st, uint32_t layer, const void *k, const void *
     if (need > p->meta.n_free)
         return kvt__err(KVT_ENOSPC, "metadata store: %llu pages needed, %u free",
                         (unsigned long long)need, p->meta.n_free);
+    if (p->cu) {
+        /* CUDA: blocks from the host tables, one append kernel for the batch
+         * on the step's stream (task_first holds each sequence's length). */
+        uint32_t *cur = st->task_first;
+        for (uint32_t i = 0; i < st->n; i++) {
+            cur[i] = st->seqs[i]->n_tokens[layer];
+            kvt__append_alloc(p, st->seqs[i], layer, 1);
+        }
+        rc = kvt__cuda_step_append(st, layer, k, v, src_dtype, seq_stride, cur);
+        if (rc) { /* all or nothing: the new pages go back */
+            for (uint32_t i = 0; i < st->n; i++)
+                kvt__append_unalloc(p, st->seqs[i], layer, 1);
+            return rc;
+        }
+        for (uint32_t i = 0; i < st->n; i++) {
+            st->seqs[i]->n_tokens[layer]++;
+            st->expect[(size_t)i * st->L + layer]++;
+        }
+        st->appended[layer] = 1;
+        return 0;
+    }
     for (uint32_t i = 0; i < st->n; i++) {
         const size_t off = (size_t)i * seq_stride * src_elem;
         kvt__append_checked(p, st->seqs[i], layer, (const uint8_t *)k + off,
@@ -1116,6 +1086,13 @@ static int kvt__select(kvt_step *st, uint32_t layer, const float *q)
         return rc;
     const bool dense = (st->flags & KVT_STEP_DENSE) != 0;
     KVT__CHECK_NULL(q);
+    if (st->pool->cu) {
+        st->sel_layer = KVT__NO_LAYER;
+        rc = kvt__cuda_step_select(st, layer, q);
+        if (!rc)
+            st->sel_layer = layer;
+        return rc;
+    }
     /* Offsets from each (sequence, head)'s bound; the plan sized sel_pages
      * for the largest length a sequence can reach in this step. */
     size_t off = 0;
@@ -1300,6 +1277,8 @@ KVT_API int kvt_sparse_decode(kvt_step *st, uint32_t layer, const float *q, floa
     if (st->sel_layer != layer)
         return kvt__err(KVT_ESTATE, "layer: %u has no selection in this step (call "
                         "kvt_step_select or kvt_attend for it first)", layer);
+    if (st->pool->cu)
+        return kvt__cuda_step_decode(st, layer, q, out, lse);
     st->layer = layer;
     st->q = q;
     st->out = out;
@@ -1391,6 +1370,14 @@ KVT_API int kvt_step_selection(const kvt_step *st, uint32_t layer, uint32_t seq_
     if (st->sel_layer != layer)
         return kvt__err(KVT_ESTATE, "layer: %u has no selection in this step", layer);
     const size_t ih = (size_t)seq_index * st->H + kv_head;
+    if (st->pool->cu) {
+        if (capacity)
+            KVT__CHECK_NULL(pages);
+        int rc = kvt__cuda_step_selection(st, ih, pages, capacity, n_pages);
+        if (!rc && reranked)
+            *reranked = st->sel_rr[ih];
+        return rc;
+    }
     const uint32_t cnt = st->sel_cnt[ih];
     if (cnt > capacity)
         return kvt__err(KVT_ERANGE, "capacity: %u entries, the selection has %u", capacity,

@@ -1,14 +1,76 @@
-/* The CUDA glue of a build without nvcc (or with CUDA=0). */
+/* The CUDA hooks of a build without nvcc (or with CUDA=0): no pool is ever
+ * on the CUDA backend, so only kvt__cuda_pool_init is reached. */
 #include "../core/internal.h"
-
-int kvt__cuda_pool_init(int32_t device)
-{
-    (void)device;
-    return kvt__err(KVT_ENOTSUP, "opts->backend: this build of libkvtier has no CUDA backend "
-                    "(built without nvcc or with CUDA=0)");
-}
 
 bool kvt__cuda_built(void)
 {
     return false;
+}
+
+int kvt__cuda_pool_init(kvt_pool *p, const kvt_pool_opts *o)
+{
+    (void)p;
+    (void)o;
+    return kvt__err(KVT_ENOTSUP, "opts->backend: this build of libkvtier has no CUDA backend "
+                    "(built without nvcc or with CUDA=0)");
+}
+
+void kvt__cuda_pool_fini(kvt_pool *p)
+{
+    (void)p;
+}
+
+#define KVT__NO_CUDA kvt__err(KVT_EINTERNAL, "CUDA backend: not built")
+
+int kvt__cuda_seq_append(kvt_pool *p, kvt__seq *s, uint32_t layer, const void *k, const void *v,
+                         uint32_t n, uint32_t cur, kvt_dtype src_dtype, uint64_t token_stride)
+{
+    (void)p, (void)s, (void)layer, (void)k, (void)v, (void)n, (void)cur, (void)src_dtype;
+    (void)token_stride;
+    return KVT__NO_CUDA;
+}
+
+int kvt__cuda_read(const kvt_pool *p, void *dst, const void *dev_src, size_t n)
+{
+    (void)p, (void)dst, (void)dev_src, (void)n;
+    return KVT__NO_CUDA;
+}
+
+int kvt__cuda_step_plan(struct kvt_step *st, void *stream)
+{
+    (void)st, (void)stream;
+    return KVT__NO_CUDA;
+}
+
+int kvt__cuda_step_append(struct kvt_step *st, uint32_t layer, const void *k, const void *v,
+                          kvt_dtype src_dtype, uint64_t seq_stride, const uint32_t *cur)
+{
+    (void)st, (void)layer, (void)k, (void)v, (void)src_dtype, (void)seq_stride, (void)cur;
+    return KVT__NO_CUDA;
+}
+
+int kvt__cuda_step_select(struct kvt_step *st, uint32_t layer, const float *q)
+{
+    (void)st, (void)layer, (void)q;
+    return KVT__NO_CUDA;
+}
+
+int kvt__cuda_step_decode(struct kvt_step *st, uint32_t layer, const float *q, float *out,
+                          float *lse)
+{
+    (void)st, (void)layer, (void)q, (void)out, (void)lse;
+    return KVT__NO_CUDA;
+}
+
+int kvt__cuda_step_selection(const struct kvt_step *st, size_t ih, uint32_t *pages,
+                             uint32_t capacity, uint32_t *n_pages)
+{
+    (void)st, (void)ih, (void)pages, (void)capacity, (void)n_pages;
+    return KVT__NO_CUDA;
+}
+
+int kvt__cuda_step_finish(struct kvt_step *st)
+{
+    (void)st;
+    return KVT__NO_CUDA;
 }

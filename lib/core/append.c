@@ -135,6 +135,18 @@ KVT_API int kvt_seq_append(kvt_pool *pool, kvt_seq_id seq, uint32_t layer, const
     if (rc)
         return rc;
 
+    if (pool->cu) {
+        /* CUDA: the blocks come from the host tables, the bytes are the
+         * kernel's (which waits, so k and v may be reused on return). */
+        kvt__append_alloc(pool, s, layer, n_tokens);
+        rc = kvt__cuda_seq_append(pool, s, layer, k, v, n_tokens, cur, src_dtype, token_stride);
+        if (rc) { /* all or nothing: the new pages go back */
+            kvt__append_unalloc(pool, s, layer, n_tokens);
+            return rc;
+        }
+        s->n_tokens[layer] = end;
+        return 0;
+    }
     kvt__append_checked(pool, s, layer, k, v, n_tokens, src_dtype, token_stride);
     if (pool->pol) {
         /* Tiered pool: stable heads' full pages go out once, now, and their
@@ -146,18 +158,12 @@ KVT_API int kvt_seq_append(kvt_pool *pool, kvt_seq_id seq, uint32_t layer, const
     return 0;
 }
 
-/* Everything is checked and the blocks exist: allocate the new pages, then
- * fill them. Cannot fail. */
-void kvt__append_checked(kvt_pool *pool, kvt__seq *s, uint32_t layer, const void *k,
-                         const void *v, uint32_t n_tokens, kvt_dtype src_dtype,
-                         uint64_t token_stride)
+void kvt__append_alloc(kvt_pool *pool, kvt__seq *s, uint32_t layer, uint32_t n_tokens)
 {
-    const uint32_t H = pool->g.n_kv_heads, D = pool->g.head_dim, P = pool->g.page_tokens;
-    const size_t src_elem = kvt_dtype_size(src_dtype);
+    const uint32_t H = pool->g.n_kv_heads;
     const uint32_t cur = s->n_tokens[layer];
-    const uint32_t end = cur + n_tokens;
     const uint32_t pages_before = kvt__pages_for(pool, cur);
-    const uint32_t pages_after = kvt__pages_for(pool, end);
+    const uint32_t pages_after = kvt__pages_for(pool, cur + n_tokens);
     kvt__arena *dev = &pool->tier[KVT_TIER_DEVICE];
     for (uint32_t h = 0; h < H; h++) {
         size_t base = kvt__lh(pool, layer, h) * s->cap_pages;
@@ -172,6 +178,41 @@ void kvt__append_checked(kvt_pool *pool, kvt__seq *s, uint32_t layer, const void
     const uint64_t added = pages_after - pages_before;
     s->pages_in_tier[KVT_TIER_DEVICE] += added * H;
     pool->pages_in_tier[KVT_TIER_DEVICE] += added * H;
+}
+
+void kvt__append_unalloc(kvt_pool *pool, kvt__seq *s, uint32_t layer, uint32_t n_tokens)
+{
+    const uint32_t H = pool->g.n_kv_heads;
+    const uint32_t cur = s->n_tokens[layer];
+    const uint32_t pages_before = kvt__pages_for(pool, cur);
+    const uint32_t pages_after = kvt__pages_for(pool, cur + n_tokens);
+    for (uint32_t h = 0; h < H; h++) {
+        size_t base = kvt__lh(pool, layer, h) * s->cap_pages;
+        for (uint32_t pg = pages_before; pg < pages_after; pg++) {
+            kvt__arena_free(&pool->tier[KVT_TIER_DEVICE], s->dev_block[base + pg]);
+            kvt__arena_free(&pool->meta, s->meta_slot[base + pg]);
+            s->dev_block[base + pg] = 0;
+            s->meta_slot[base + pg] = 0;
+            s->res[base + pg] = 0;
+        }
+    }
+    const uint64_t added = pages_after - pages_before;
+    s->pages_in_tier[KVT_TIER_DEVICE] -= added * H;
+    pool->pages_in_tier[KVT_TIER_DEVICE] -= added * H;
+}
+
+/* Everything is checked and the blocks exist: allocate the new pages, then
+ * fill them. Cannot fail. */
+void kvt__append_checked(kvt_pool *pool, kvt__seq *s, uint32_t layer, const void *k,
+                         const void *v, uint32_t n_tokens, kvt_dtype src_dtype,
+                         uint64_t token_stride)
+{
+    const uint32_t H = pool->g.n_kv_heads, D = pool->g.head_dim, P = pool->g.page_tokens;
+    const size_t src_elem = kvt_dtype_size(src_dtype);
+    const uint32_t cur = s->n_tokens[layer];
+    const uint32_t end = cur + n_tokens;
+    kvt__arena *dev = &pool->tier[KVT_TIER_DEVICE];
+    kvt__append_alloc(pool, s, layer, n_tokens);
 
     const size_t row = (size_t)D * pool->elem;
     const bool same = src_dtype == pool->g.dtype;

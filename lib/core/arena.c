@@ -54,8 +54,9 @@ int kvt__arena_init(kvt__arena *a, uint64_t block_bytes, uint32_t n_blocks,
         return kvt__err(KVT_ENOMEM, "%s: cannot map the free list of %u blocks: %s",
                         tier_name, n_blocks, strerror(errno));
     a->stack = st;
-    a->base = kvt__map((size_t)bytes, pl, &a->numa);
-    if (!a->base) {
+    if (pl && pl->no_base) {
+        a->ext = true; /* the caller sets base */
+    } else if (!(a->base = kvt__map((size_t)bytes, pl, &a->numa))) {
         int e = errno;
         munmap(a->stack, a->stack_bytes);
         a->stack = NULL;
@@ -65,7 +66,7 @@ int kvt__arena_init(kvt__arena *a, uint64_t block_bytes, uint32_t n_blocks,
     a->map_bytes = (size_t)bytes;
     a->block_bytes = block_bytes;
     a->n_blocks = n_blocks;
-    if (pl && pl->hugepages)
+    if (pl && pl->hugepages && a->base)
         (void)madvise(a->base, a->map_bytes, MADV_HUGEPAGE); /* a hint; fine if refused */
     /* O(1): nothing is touched; ids are handed out from `bump` upward, so a
      * fresh pool's pages are in address order. */
@@ -77,7 +78,7 @@ int kvt__arena_init(kvt__arena *a, uint64_t block_bytes, uint32_t n_blocks,
 
 void kvt__arena_fini(kvt__arena *a)
 {
-    if (a->base) {
+    if (a->base && !a->ext) {
         if (a->numa)
             numa_free(a->base, a->map_bytes);
         else

@@ -67,13 +67,27 @@ static int kvt__check_accounted(const kvt__arena *a, const kvt__mark *m, const c
     return 0;
 }
 
-static int kvt__null_block_zero(const kvt__arena *a, const char *name)
+static int kvt__null_block_zero(const kvt_pool *p, const kvt__arena *a, const char *name)
 {
     const uint8_t *b = kvt__arena_block(a, 0);
+    uint8_t *copy = NULL;
+    if (a->ext) { /* CUDA device memory */
+        if (!(copy = malloc(a->block_bytes)))
+            return kvt__err(KVT_ENOMEM, "%s: cannot allocate a block buffer", name);
+        int rc = kvt__cuda_read(p, copy, b, a->block_bytes);
+        if (rc) {
+            free(copy);
+            return rc;
+        }
+        b = copy;
+    }
     for (uint64_t i = 0; i < a->block_bytes; i++)
-        if (b[i])
+        if (b[i]) {
+            free(copy);
             return kvt__err(KVT_EINTERNAL, "%s: the null block was written (byte %llu)", name,
                             (unsigned long long)i);
+        }
+    free(copy);
     return 0;
 }
 
@@ -211,7 +225,7 @@ KVT_API int kvt_pool_check(const kvt_pool *pool)
             if (!rc)
                 rc = kvt__check_free(&pool->tier[t], &marks[t], names[t]);
             if (!rc)
-                rc = kvt__null_block_zero(&pool->tier[t], names[t]);
+                rc = kvt__null_block_zero(pool, &pool->tier[t], names[t]);
         }
     if (!rc)
         rc = kvt__mark_init(&meta, &pool->meta);

@@ -89,6 +89,7 @@ typedef struct kvt__arena {
     uint32_t *stack;    /* freed ids (mapped lazily: untouched until used) */
     size_t stack_bytes;
     bool numa;          /* base came from libnuma */
+    bool ext;           /* base is not the arena's own (CUDA device memory) */
 } kvt__arena;
 
 typedef struct kvt__arena_place {
@@ -96,6 +97,7 @@ typedef struct kvt__arena_place {
     int32_t node;
     bool hugepages;
     bool use_numa; /* allocate with libnuma when it is available */
+    bool no_base;  /* ids only: the caller supplies base (CUDA device memory) */
 } kvt__arena_place;
 
 KVT__HIDDEN int kvt__arena_init(kvt__arena *a, uint64_t block_bytes, uint32_t n_blocks,
@@ -131,10 +133,37 @@ KVT__HIDDEN bool kvt__numa_node_ok(int node);
 KVT__HIDDEN int kvt__numa_max_node(void);
 
 /* ---- backends ------------------------------------------------------------ */
-/* CUDA glue (cuda/ when built with nvcc, lib/backend/cuda_none.c otherwise).
- * Returns KVT_ENOTSUP with a message until the CUDA backend's kernels land. */
-KVT__HIDDEN int kvt__cuda_pool_init(int32_t device);
+/* CUDA backend (lib/backend/cuda_pool.c with nvcc, cuda_none.c otherwise):
+ * the pool's device tier and metadata store in GPU memory, the per-layer
+ * calls as the kernels of cuda/. Every hook but kvt__cuda_built runs only
+ * for a pool whose cu is set. */
+struct kvt_pool;
+struct kvt_step;
+struct kvt__seq;
 KVT__HIDDEN bool kvt__cuda_built(void);
+/* After the arenas' ids exist (bases unset): checks what the backend
+ * serves, allocates device memory, sets the device and metadata bases. */
+KVT__HIDDEN int kvt__cuda_pool_init(struct kvt_pool *p, const kvt_pool_opts *o);
+KVT__HIDDEN void kvt__cuda_pool_fini(struct kvt_pool *p);
+/* Prefill/append outside a step: the pages of [cur, cur + n) are allocated
+ * in the host tables; uploads their entries, runs the append kernel on the
+ * pool's stream and waits for it (k and v are the caller's). */
+KVT__HIDDEN int kvt__cuda_seq_append(struct kvt_pool *p, struct kvt__seq *s, uint32_t layer,
+                                     const void *k, const void *v, uint32_t n, uint32_t cur,
+                                     kvt_dtype src_dtype, uint64_t token_stride);
+/* Copies n bytes of device memory to the host (waits). */
+KVT__HIDDEN int kvt__cuda_read(const struct kvt_pool *p, void *dst, const void *dev_src, size_t n);
+KVT__HIDDEN int kvt__cuda_step_plan(struct kvt_step *st, void *stream);
+KVT__HIDDEN int kvt__cuda_step_append(struct kvt_step *st, uint32_t layer, const void *k,
+                                      const void *v, kvt_dtype src_dtype, uint64_t seq_stride,
+                                      const uint32_t *cur);
+KVT__HIDDEN int kvt__cuda_step_select(struct kvt_step *st, uint32_t layer, const float *q);
+KVT__HIDDEN int kvt__cuda_step_decode(struct kvt_step *st, uint32_t layer, const float *q,
+                                      float *out, float *lse);
+/* The selection of (sequence, head) ih of the current layer (waits). */
+KVT__HIDDEN int kvt__cuda_step_selection(const struct kvt_step *st, size_t ih, uint32_t *pages,
+                                         uint32_t capacity, uint32_t *n_pages);
+KVT__HIDDEN int kvt__cuda_step_finish(struct kvt_step *st);
 
 
 /* ---- worker threads (threads.c) ------------------------------------------ */
@@ -230,6 +259,11 @@ typedef struct kvt__seq {
     uint32_t *off_next;    /* [L * H] first page not yet offloaded (stable heads) */
     uint32_t *dlo, *dhi;   /* [L * H] dirty range of the device table ... */
     uint32_t *dstamp;      /* [L * H] ... valid when equal to the pool's step_id */
+    /* CUDA backend: where the GPU copy of the device and metadata tables
+     * lives in the pool's table heap, laid out for cu_cap pages per head
+     * (0 = not uploaded). */
+    uint64_t cu_off;
+    uint32_t cu_cap;
 } kvt__seq;
 
 /* Internal residency bit: a move of the page is in flight (never reported). */
@@ -276,6 +310,7 @@ struct kvt_pool {
     struct kvt_step *step;  /* the step workspace, reused by every plan */
     struct kvt__disk *disk; /* the disk tier (lib/tier/disk.c), NULL = none */
     struct kvt_mover *mover;/* the tier mover (lib/tier/mover.c) */
+    struct kvt__cuda *cu;   /* CUDA backend state (lib/backend/cuda_pool.c), NULL = CPU */
     kvt__owner *host_owner; /* [host blocks] */
     uint32_t clock;         /* advances with every step plan and mover batch */
 #define KVT__PHASES 16u
@@ -339,6 +374,11 @@ static inline uint32_t kvt__pages_for(const kvt_pool *p, uint32_t tokens)
 /* Grows the sequence's block tables to hold `pages` pages per (layer,
  * head); all-or-nothing (append.c). */
 KVT__HIDDEN int kvt__seq_reserve(kvt_pool *p, kvt__seq *s, uint32_t pages);
+/* Allocates the device blocks and metadata slots of the pages n_tokens more
+ * tokens of one layer open (append.c); blocks are known to be available. */
+KVT__HIDDEN void kvt__append_alloc(kvt_pool *p, kvt__seq *s, uint32_t layer, uint32_t n_tokens);
+/* Undoes kvt__append_alloc (the sequence still holds the old length). */
+KVT__HIDDEN void kvt__append_unalloc(kvt_pool *p, kvt__seq *s, uint32_t layer, uint32_t n_tokens);
 /* Appends n_tokens of one layer once every argument has been checked and
  * blocks are known to be available (append.c); cannot fail. */
 KVT__HIDDEN void kvt__append_checked(kvt_pool *p, kvt__seq *s, uint32_t layer, const void *k,

@@ -200,20 +200,14 @@ KVT_API int kvt_pool_create(kvt_pool **out, const kvt_pool_opts *opts)
         goto fail;
     }
 
-    switch (o.backend) {
-    case KVT_BACKEND_CUDA:
-        rc = kvt__cuda_pool_init(o.cuda_device);
-        if (rc)
-            goto fail;
-        break;
-    default: /* AUTO resolves to CPU until the CUDA backend has kernels */
-        p->backend = KVT_BACKEND_CPU;
-        break;
-    }
+    /* AUTO resolves to the CPU until the CUDA backend has run on a GPU. */
+    const bool cuda = o.backend == KVT_BACKEND_CUDA;
+    p->backend = cuda ? KVT_BACKEND_CUDA : KVT_BACKEND_CPU;
 
     /* The CPU backend's device tier is what sparse decode reads at random
-     * across gigabytes: huge pages spare the TLB and the page-fault cost. */
-    kvt__arena_place dev_place = {.hugepages = true};
+     * across gigabytes: huge pages spare the TLB and the page-fault cost.
+     * The CUDA backend's lives in GPU memory (kvt__cuda_pool_init). */
+    kvt__arena_place dev_place = {.hugepages = true, .no_base = cuda};
     rc = kvt__arena_init(&p->tier[KVT_TIER_DEVICE], p->block_bytes, n_dev, &dev_place,
                          "opts->device_bytes");
     if (rc)
@@ -240,6 +234,9 @@ KVT_API int kvt_pool_create(kvt_pool **out, const kvt_pool_opts *opts)
     rc = kvt__arena_init(&p->meta, p->meta_bytes, (uint32_t)meta_slots, &dev_place,
                          "metadata store");
     if (rc)
+        goto fail;
+
+    if (cuda && (rc = kvt__cuda_pool_init(p, &o)))
         goto fail;
 
     p->seqs = calloc(p->max_seqs, sizeof *p->seqs);
@@ -277,6 +274,8 @@ KVT_API void kvt_pool_destroy(kvt_pool *p)
     if (p->seqs)
         for (uint32_t i = 0; i < p->max_seqs; i++)
             kvt__seq_fini(&p->seqs[i]);
+    if (p->cu)
+        kvt__cuda_pool_fini(p);
     for (uint32_t t = 0; t < KVT_NUM_TIERS; t++)
         kvt__arena_fini(&p->tier[t]);
     kvt__arena_fini(&p->meta);

@@ -321,6 +321,20 @@ KVT_API int kvt_seq_read_kv(const kvt_pool *pool, kvt_seq_id seq, uint32_t layer
     for (uint32_t t = 0; t < n_tokens; t++) {
         uint32_t pos = first_token + t;
         const uint8_t *blk = kvt__page_bytes(pool, s, base + pos / P);
+        if (blk && pool->cu && (s->res[base + pos / P] & KVT_RES_DEVICE)) {
+            /* CUDA: the device tier is GPU memory; bring the page over. */
+            if (!bounce && !(bounce = malloc(pool->block_bytes)))
+                return kvt__err(KVT_ENOMEM, "kvt_seq_read_kv: cannot allocate a page buffer");
+            if (bounce_page != pos / P) {
+                rc = kvt__cuda_read(pool, bounce, blk, pool->block_bytes);
+                if (rc) {
+                    free(bounce);
+                    return rc;
+                }
+                bounce_page = pos / P;
+            }
+            blk = bounce;
+        }
         if (!blk) {
             /* Only on disk: read it synchronously, checked against its CRC. */
             if (!bounce && !(bounce = malloc(pool->block_bytes)))
@@ -361,11 +375,22 @@ KVT_API int kvt_seq_page_meta(const kvt_pool *pool, kvt_seq_id seq, uint32_t lay
         kvt__arena_block(&pool->meta, s->meta_slot[kvt__lh(pool, layer, kv_head) * s->cap_pages +
                                                    page]);
     const size_t row = (size_t)D * pool->elem;
+    uint8_t *copy = NULL;
+    if (pool->cu) { /* CUDA: the metadata store is GPU memory */
+        if (!(copy = malloc(pool->meta_bytes)))
+            return kvt__err(KVT_ENOMEM, "kvt_seq_page_meta: cannot allocate a buffer");
+        if ((rc = kvt__cuda_read(pool, copy, m, pool->meta_bytes))) {
+            free(copy);
+            return rc;
+        }
+        m = copy;
+    }
     if (kmin)
         kvt__load_f32(kmin, m, pool->g.dtype, D);
     if (kmax)
         kvt__load_f32(kmax, m + row, pool->g.dtype, D);
     if (kmean)
         kvt__load_f32(kmean, m + 2 * row, pool->g.dtype, D);
+    free(copy);
     return 0;
 }

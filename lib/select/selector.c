@@ -396,6 +396,9 @@ KVT_API int kvt_select(const kvt_selector *sel, const kvt_pool *pool, kvt_seq_id
     rc = kvt__seq_lookup(pool, seq, &s);
     if (rc)
         return rc;
+    if (pool->cu)
+        return kvt__err(KVT_ENOTSUP, "pool: kvt_select reads the metadata store on the host; "
+                        "on the CUDA backend select inside a step (kvt_step_select)");
     if (layer >= pool->g.n_layers)
         return kvt__err(KVT_EINVAL, "layer: %u >= n_layers %u", layer, pool->g.n_layers);
     if (kv_head >= pool->g.n_kv_heads)

@@ -1,0 +1,70 @@
+/* The step workspace (lib/attn/step.c), shared with the CUDA backend's
+ * per-layer calls (lib/backend/cuda_pool.c). Internal. */
+#ifndef KVTIER_STEP_INT_H
+#define KVTIER_STEP_INT_H
+
+#include "../core/internal.h"
+
+struct kvt_step {
+    kvt_pool *pool;
+    bool open;
+    const kvt_selector *sel;
+    /* Per-head budget and interval, [L * H]: the policy's when the plan has
+     * one, else the selector's. */
+    const uint32_t *k, *sink, *local, *interval;
+    kvt_profiler *prof;       /* records the top-K sets of reranked heads */
+    uint8_t *recorded;        /* [L] layer already recorded in this step */
+    size_t cap_rec;
+    uint32_t *rec;            /* [cap_rec] one head's top-K part */
+    uint32_t flags;
+    float scale;
+    uint32_t n;               /* sequences */
+    uint32_t L, H, Hq, G, D, P;
+
+    uint32_t cap_n;
+    kvt_seq_id *ids;          /* [n] */
+    kvt__seq **seqs;          /* [n] */
+    uint32_t *expect;         /* [n * L] tokens each layer should hold */
+    uint8_t *due;             /* [n * L * H] rerank this step */
+    uint8_t *appended;        /* [L] */
+    uint32_t sel_layer;       /* layer of the current selection */
+
+    uint32_t *sel_off, *sel_cnt; /* [n * H] */
+    uint8_t *sel_rr;          /* [n * H] rescored */
+    uint32_t *task0, *ntask;  /* [n * H] decode tasks of each (seq, head) */
+    _Atomic uint32_t *pending; /* [n * H] tasks left before the merge */
+    size_t cap_sel;
+    uint32_t *sel_pages;      /* [cap_sel] */
+    size_t cap_tasks;
+    uint32_t *task_ih, *task_first, *task_count; /* [cap_tasks] */
+    size_t cap_part;
+    float *part;              /* [cap_tasks][2G + G*D] */
+    uint32_t n_threads;
+    size_t tstride, cap_tmem;
+    uint8_t *tmem;            /* [n_threads][tstride] */
+
+    /* Tiered placement (a pool with a policy, not a dense step). */
+    bool tiered;
+    kvt_fence *fence;         /* [n] promotions in flight (0 = none) */
+    int32_t *fcode;           /* [n] their outcome once reported */
+    uint8_t *fpend;           /* [n] 1 = fence not yet reported */
+    kvt_fence *wf;            /* [n] warm-up's promotions in flight (0 = none) */
+    int32_t *wcode;           /* [n] their outcome once reported */
+    uint32_t *pm_off, *pm_cnt; /* [n] the sequence's moves in pm */
+    size_t cap_pm;
+    kvt_move *pm;             /* [cap_pm] promotions of the current layer */
+    uint32_t *pmdst;          /* [cap_pm] device block handed to each */
+    int32_t *pmres;           /* [cap_pm] per-move outcome */
+    size_t cap_ev;
+    void *ev;                 /* [cap_ev] eviction candidates of one head */
+    uint32_t *pml;            /* [cap_ev] promoted pages of one head */
+    uint8_t *failed;          /* [n] a promotion of the sequence failed */
+
+    /* Arguments of the running job. */
+    uint32_t layer;
+    const float *q;
+    float *out, *lse;
+    _Atomic int err;
+};
+
+#endif /* KVTIER_STEP_INT_H */

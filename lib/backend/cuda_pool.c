@@ -1,0 +1,659 @@
+/* The CUDA backend of a pool (built when nvcc exists): the device tier and
+ * the metadata store in GPU memory, the per-layer calls as the kernels of
+ * cuda/ on the step's stream.
+ *
+ * The planner stays on the host: it allocates blocks in the host-side
+ * tables as on the CPU backend; the GPU holds a copy of each sequence's
+ * device and metadata tables (in one table heap, so a kernel reaches every
+ * sequence's table from one pointer), updated by the uploads of whole
+ * tables when a sequence's table grows and otherwise by the entries each
+ * append adds, synced by the UVA table kernel from pinned staging. A step's
+ * per-layer calls only fill pinned item arrays (one slice per layer, so the
+ * host never rewrites what a queued kernel will read) and launch; nothing
+ * waits for the GPU except the calls that return data to the host
+ * (kvt_step_selection, kvt_seq_read_kv, kvt_seq_page_meta, kvt_pool_check)
+ * and a prefill kvt_seq_append, which returns once its kernel has read the
+ * caller's rows. The next plan waits for the previous step's event before
+ * reusing the pinned arrays.
+ *
+ * This release serves pools with a device tier only (no host or disk tier,
+ * no placement policy) and no profiler; those are refused with
+ * KVT_ENOTSUP. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "../core/internal.h"
+#include "../attn/step_int.h"
+#include "../../cuda/kvt_cuda.h"
+
+struct kvt__cuda {
+    int device;
+    void *stream;          /* the pool's own stream (prefill; steps without one) */
+    void *done;            /* recorded when a step finishes */
+    bool done_pending;
+    void *sst;             /* the open step's stream */
+    bool sync_calls;       /* the step named no stream: each call waits */
+    uint8_t *selected;     /* [n_layers] selected in the open step */
+    uint8_t *d_dev, *d_meta;
+    uint32_t LH;
+    /* The table heap: GPU copies of the sequences' tables. */
+    uint32_t *d_tab, *d_mtab;
+    uint64_t tab_cap, tab_used;
+    /* Per sequence slot: open-page accumulators [LH][3][D] and saved top-K
+     * sets [LH][kcap] with their counts [LH]. */
+    float *d_acc;
+    uint32_t acc_slots;
+    uint32_t *d_saved, *d_nsaved;
+    uint32_t saved_slots, kcap;
+    /* Step scratch: pinned item arrays, one slice of cap_items per layer. */
+    size_t cap_items;
+    kvt__cu_append_item *h_app;
+    kvt__cu_score_item *h_sc;
+    kvt__cu_topk_item *h_tk;
+    kvt__cu_sf_item *h_sf;
+    kvt__cu_attn_item *h_at;
+    uint32_t *h_sdev, *h_smeta; /* new table entries */
+    kvt__cu_range *h_rg;
+    size_t cap_pages;      /* entries of the device selection buffers */
+    float *d_vote;
+    uint32_t *d_sel, *d_topk, *d_blocks, *d_ntok, *d_nsel, *d_ntopk;
+    size_t cap_work;
+    void *d_work;
+    uint32_t np_max;       /* the plan's page bound (sizes the decode split) */
+    /* Prefill items. */
+    kvt__cu_append_item *h_papp;
+    size_t cap_papp;
+};
+
+static uint32_t kvt__slot(const kvt_pool *p, const kvt__seq *s)
+{
+    return (uint32_t)(s - p->seqs);
+}
+
+static void kvt__pin_free(void **h)
+{
+    kvt__cu_host_free(*h);
+    *h = NULL;
+}
+
+static void kvt__dev_free(void **d)
+{
+    kvt__cu_free(*d);
+    *d = NULL;
+}
+
+/* Everything queued on the pool's and the step's streams has finished. */
+static int kvt__quiesce(struct kvt__cuda *c)
+{
+    int rc = kvt__cu_stream_sync(c->stream);
+    if (!rc && c->sst && c->sst != c->stream)
+        rc = kvt__cu_stream_sync(c->sst);
+    if (!rc && c->done_pending) {
+        rc = kvt__cu_event_sync(c->done);
+        c->done_pending = rc != 0;
+    }
+    return rc;
+}
+
+int kvt__cuda_pool_init(kvt_pool *p, const kvt_pool_opts *o)
+{
+    const char *why = "";
+    const int n = kvt__cu_device_count(&why);
+    if (n <= 0)
+        return kvt__err(KVT_ENOTSUP, "opts->backend: KVT_BACKEND_CUDA needs a usable CUDA "
+                        "device: %s", why);
+    if (o->cuda_device < 0 || o->cuda_device >= n)
+        return kvt__err(KVT_EINVAL, "opts->cuda_device: %d, the machine has %d CUDA device%s",
+                        (int)o->cuda_device, n, n == 1 ? "" : "s");
+    if (o->host_bytes || o->disk_bytes)
+        return kvt__err(KVT_ENOTSUP, "opts->%s: the CUDA backend serves pools with a device "
+                        "tier only in this release", o->host_bytes ? "host_bytes" : "disk_bytes");
+    if (o->policy)
+        return kvt__err(KVT_ENOTSUP, "opts->policy: tiered placement on the CUDA backend is "
+                        "not built yet");
+    /* The geometry's own limits today; kept so a wider geometry cannot
+     * reach kernels that were not written for it. */
+    const uint32_t D = p->g.head_dim, P = p->g.page_tokens;
+    if (D % 8 || D > 1024 || P < 8 || P > 256 || (P & (P - 1)))
+        return kvt__err(KVT_ENOTSUP, "opts->geom: the CUDA kernels need head_dim a multiple "
+                        "of 8 up to 1024 and page_tokens a power of two in 8..256 (have %u, %u)",
+                        D, P);
+    /* kvt__cu_attn serves G 1..64 and head_dim up to 256. */
+    if (D > 256 || p->g.n_q_heads / p->g.n_kv_heads > 64)
+        return kvt__err(KVT_ENOTSUP, "opts->geom: the CUDA decode kernel needs head_dim up to "
+                        "256 and at most 64 query heads per KV head (have %u, %u)", D,
+                        p->g.n_q_heads / p->g.n_kv_heads);
+    struct kvt__cuda *c = calloc(1, sizeof *c);
+    if (!c)
+        return kvt__err(KVT_ENOMEM, "kvt_pool_create: cannot allocate the CUDA state");
+    p->cu = c;
+    c->device = o->cuda_device;
+    c->LH = p->g.n_layers * p->g.n_kv_heads;
+    if (!(c->selected = calloc(p->g.n_layers, 1)))
+        return kvt__err(KVT_ENOMEM, "kvt_pool_create: cannot allocate the CUDA state");
+    int rc = kvt__cu_set_device(c->device);
+    if (!rc)
+        rc = kvt__cu_stream_create(&c->stream, 0);
+    if (!rc)
+        rc = kvt__cu_event_create(&c->done);
+    const kvt__arena *dv = &p->tier[KVT_TIER_DEVICE];
+    if (!rc)
+        rc = kvt__cu_malloc((void **)&c->d_dev, (size_t)dv->n_blocks * dv->block_bytes);
+    if (!rc)
+        rc = kvt__cu_malloc((void **)&c->d_meta, (size_t)p->meta.n_blocks * p->meta.block_bytes);
+    /* The null blocks read as zeros (kvt_pool_check verifies it). */
+    if (!rc)
+        rc = kvt__cu_memset(c->d_dev, 0, dv->block_bytes);
+    if (!rc)
+        rc = kvt__cu_memset(c->d_meta, 0, p->meta.block_bytes);
+    if (rc)
+        return rc; /* kvt_pool_destroy releases what exists */
+    p->tier[KVT_TIER_DEVICE].base = c->d_dev;
+    p->meta.base = c->d_meta;
+    return 0;
+}
+
+void kvt__cuda_pool_fini(kvt_pool *p)
+{
+    struct kvt__cuda *c = p->cu;
+    if (!c)
+        return;
+    (void)kvt__cu_set_device(c->device);
+    (void)kvt__quiesce(c);
+    void **d[] = {(void **)&c->d_dev, (void **)&c->d_meta, (void **)&c->d_tab,
+                  (void **)&c->d_mtab, (void **)&c->d_acc, (void **)&c->d_saved,
+                  (void **)&c->d_nsaved, (void **)&c->d_vote, (void **)&c->d_sel,
+                  (void **)&c->d_topk, (void **)&c->d_blocks, (void **)&c->d_ntok,
+                  (void **)&c->d_nsel, (void **)&c->d_ntopk, &c->d_work};
+    for (size_t i = 0; i < sizeof d / sizeof d[0]; i++)
+        kvt__dev_free(d[i]);
+    void **h[] = {(void **)&c->h_app, (void **)&c->h_sc, (void **)&c->h_tk, (void **)&c->h_sf,
+                  (void **)&c->h_at, (void **)&c->h_sdev, (void **)&c->h_smeta,
+                  (void **)&c->h_rg, (void **)&c->h_papp};
+    for (size_t i = 0; i < sizeof h / sizeof h[0]; i++)
+        kvt__pin_free(h[i]);
+    kvt__cu_event_destroy(c->done);
+    kvt__cu_stream_destroy(c->stream);
+    free(c->selected);
+    p->tier[KVT_TIER_DEVICE].base = NULL;
+    p->meta.base = NULL;
+    free(c);
+    p->cu = NULL;
+}
+
+int kvt__cuda_read(const kvt_pool *p, void *dst, const void *dev_src, size_t n)
+{
+    struct kvt__cuda *c = p->cu;
+    int rc = kvt__cu_set_device(c->device);
+    if (!rc)
+        rc = kvt__quiesce(c);
+    return rc ? rc : kvt__cu_memcpy(dst, dev_src, n);
+}
+
+/* ---- per-sequence device state ------------------------------------------ */
+
+/* Grows a device buffer to `bytes`, keeping the first `keep` bytes (the
+ * streams are quiet). */
+static int kvt__dev_grow(void **d, size_t keep, size_t bytes)
+{
+    void *n;
+    int rc = kvt__cu_malloc(&n, bytes);
+    if (rc)
+        return rc;
+    if (keep && (rc = kvt__cu_memcpy(n, *d, keep))) {
+        kvt__cu_free(n);
+        return rc;
+    }
+    kvt__cu_free(*d);
+    *d = n;
+    return 0;
+}
+
+/* Uploads a sequence's whole tables to its place in the heap. */
+static int kvt__tab_upload(kvt_pool *p, kvt__seq *s)
+{
+    struct kvt__cuda *c = p->cu;
+    const size_t n = (size_t)c->LH * s->cap_pages * sizeof(uint32_t);
+    int rc = kvt__cu_memcpy(c->d_tab + s->cu_off, s->dev_block, n);
+    return rc ? rc : kvt__cu_memcpy(c->d_mtab + s->cu_off, s->meta_slot, n);
+}
+
+/* Makes the GPU copy of s's tables current for its capacity: a sequence
+ * whose table grew (or is new) takes a fresh place in the heap; a full heap
+ * is rebuilt, packed, from the host tables of every live sequence. */
+static int kvt__tab_place(kvt_pool *p, kvt__seq *s)
+{
+    struct kvt__cuda *c = p->cu;
+    if (s->cu_cap == s->cap_pages && s->cu_cap)
+        return 0;
+    const uint64_t need = (uint64_t)c->LH * s->cap_pages;
+    int rc;
+    if (c->tab_used + need > c->tab_cap) {
+        uint64_t live = need;
+        for (uint32_t i = 0; i < p->max_seqs; i++)
+            if (p->seqs[i].live && &p->seqs[i] != s && p->seqs[i].cu_cap)
+                live += (uint64_t)c->LH * p->seqs[i].cap_pages; /* re-placed at cap_pages */
+        /* Half free after the rebuild; stale regions do not make it grow. */
+        uint64_t cap = c->tab_cap > live * 2 ? c->tab_cap : live * 2;
+        if (cap < 4096)
+            cap = 4096;
+        if ((rc = kvt__quiesce(c)))
+            return rc;
+        kvt__dev_free((void **)&c->d_tab);
+        kvt__dev_free((void **)&c->d_mtab);
+        c->tab_cap = c->tab_used = 0;
+        if ((rc = kvt__cu_malloc((void **)&c->d_tab, cap * sizeof(uint32_t))) ||
+            (rc = kvt__cu_malloc((void **)&c->d_mtab, cap * sizeof(uint32_t)))) {
+            for (uint32_t i = 0; i < p->max_seqs; i++)
+                p->seqs[i].cu_cap = 0;
+            return rc;
+        }
+        c->tab_cap = cap;
+        for (uint32_t i = 0; i < p->max_seqs; i++) {
+            kvt__seq *o = &p->seqs[i];
+            if (!o->live || o == s || !o->cu_cap)
+                continue;
+            o->cu_off = c->tab_used;
+            c->tab_used += (uint64_t)c->LH * o->cap_pages;
+            o->cu_cap = o->cap_pages;
+            if ((rc = kvt__tab_upload(p, o))) {
+                for (uint32_t j = 0; j < p->max_seqs; j++)
+                    p->seqs[j].cu_cap = 0; /* every copy is now suspect */
+                return rc;
+            }
+        }
+    } else if ((rc = kvt__quiesce(c))) { /* queued kernels may read the old place */
+        return rc;
+    }
+    s->cu_off = c->tab_used;
+    c->tab_used += need;
+    s->cu_cap = s->cap_pages;
+    if ((rc = kvt__tab_upload(p, s)))
+        s->cu_cap = 0;
+    return rc;
+}
+
+/* Accumulators and saved top-K sets for slots up to s's, and K up to kmax. */
+static int kvt__slot_state(kvt_pool *p, kvt__seq *s, uint32_t kmax)
+{
+    struct kvt__cuda *c = p->cu;
+    const uint32_t slot = kvt__slot(p, s), D = p->g.head_dim;
+    int rc;
+    if (slot >= c->acc_slots) {
+        uint32_t n = c->acc_slots ? c->acc_slots : 8;
+        while (n <= slot)
+            n *= 2;
+        if (n > p->max_seqs)
+            n = p->max_seqs;
+        const size_t per = (size_t)c->LH * 3 * D * sizeof(float);
+        if ((rc = kvt__quiesce(c)) ||
+            (rc = kvt__dev_grow((void **)&c->d_acc, per * c->acc_slots, per * n)))
+            return rc;
+        c->acc_slots = n;
+    }
+    if (kmax > c->kcap || slot >= c->saved_slots) {
+        const uint32_t kcap = kmax > c->kcap ? kmax : c->kcap;
+        uint32_t n = c->saved_slots ? c->saved_slots : 8;
+        while (n <= slot)
+            n *= 2;
+        if (n > p->max_seqs)
+            n = p->max_seqs;
+        if ((rc = kvt__quiesce(c)))
+            return rc;
+        const size_t rows = (size_t)c->saved_slots * c->LH;
+        if (kcap == c->kcap) {
+            rc = kvt__dev_grow((void **)&c->d_saved, rows * kcap * 4,
+                               (size_t)n * c->LH * (kcap ? kcap : 1) * 4);
+        } else {
+            /* A larger K: every saved set keeps its pages at the new stride
+             * (the CPU backend keeps them too; only heads whose K changed
+             * rerank). */
+            uint32_t *nw;
+            kvt__cu_copy *list = rows && c->kcap ? malloc(rows * sizeof *list) : NULL;
+            if (rows && c->kcap && !list)
+                return kvt__err(KVT_ENOMEM, "CUDA backend: cannot allocate a copy list");
+            rc = kvt__cu_malloc((void **)&nw, (size_t)n * c->LH * kcap * 4);
+            for (size_t r = 0; !rc && list && r < rows; r++)
+                list[r] = (kvt__cu_copy){(uint64_t)(uintptr_t)(c->d_saved + r * c->kcap),
+                                         (uint64_t)(uintptr_t)(nw + r * kcap),
+                                         (uint64_t)c->kcap * 4};
+            if (!rc && list)
+                rc = kvt__cu_copy_memcpy(list, (uint32_t)rows, c->stream);
+            if (!rc && list)
+                rc = kvt__cu_stream_sync(c->stream);
+            free(list);
+            if (rc) {
+                kvt__cu_free(nw);
+                return rc;
+            }
+            kvt__cu_free(c->d_saved);
+            c->d_saved = nw;
+        }
+        if (rc || (rc = kvt__dev_grow((void **)&c->d_nsaved, rows * 4, (size_t)n * c->LH * 4)))
+            return rc;
+        c->saved_slots = n;
+        c->kcap = kcap;
+    }
+    return 0;
+}
+
+/* Grows a pinned array to n elements of sz bytes (contents dropped). */
+static int kvt__pin_grow(void **h, size_t n, size_t sz)
+{
+    kvt__pin_free(h);
+    if (n > SIZE_MAX / sz)
+        return kvt__err(KVT_EOVERFLOW, "CUDA backend: %zu items overflow", n);
+    return kvt__cu_host_alloc(h, n * sz);
+}
+
+int kvt__cuda_seq_append(kvt_pool *p, kvt__seq *s, uint32_t layer, const void *k,
+                         const void *v, uint32_t n, uint32_t cur, kvt_dtype src_dtype,
+                         uint64_t token_stride)
+{
+    struct kvt__cuda *c = p->cu;
+    const uint32_t H = p->g.n_kv_heads, D = p->g.head_dim, P = p->g.page_tokens;
+    int rc = kvt__cu_set_device(c->device);
+    /* An open step's queued appends may touch this sequence's open page:
+     * they go first (the pool's stream does not order with the step's). */
+    if (!rc && c->sst)
+        rc = kvt__cu_stream_sync(c->sst);
+    if (!rc)
+        rc = kvt__slot_state(p, s, 0);
+    if (rc)
+        return rc;
+    if (s->cu_cap != s->cap_pages || !s->cu_cap) {
+        if ((rc = kvt__tab_place(p, s))) /* uploads the new entries too */
+            return rc;
+    } else {
+        /* Only the entries of the pages this append opened. */
+        const uint32_t p0 = cur / P + (cur % P != 0), p1 = (cur + n + P - 1) / P;
+        for (uint32_t h = 0; h < H && p1 > p0; h++) {
+            const size_t e = kvt__lh(p, layer, h) * s->cap_pages + p0;
+            const size_t bytes = (size_t)(p1 - p0) * sizeof(uint32_t);
+            if ((rc = kvt__quiesce(c)) ||
+                (rc = kvt__cu_memcpy(c->d_tab + s->cu_off + e, s->dev_block + e, bytes)) ||
+                (rc = kvt__cu_memcpy(c->d_mtab + s->cu_off + e, s->meta_slot + e, bytes)))
+                return rc;
+        }
+    }
+    if (H > c->cap_papp) {
+        if ((rc = kvt__quiesce(c)) ||
+            (rc = kvt__pin_grow((void **)&c->h_papp, H, sizeof *c->h_papp)))
+            return rc;
+        c->cap_papp = H;
+    } else if ((rc = kvt__cu_stream_sync(c->stream))) { /* the last prefill's items */
+        return rc;
+    }
+    const uint32_t slot = kvt__slot(p, s);
+    for (uint32_t h = 0; h < H; h++) {
+        const size_t lh = kvt__lh(p, layer, h);
+        c->h_papp[h] = (kvt__cu_append_item){(uint64_t)h * D, token_stride,
+                                             s->cu_off + lh * s->cap_pages,
+                                             ((uint64_t)slot * c->LH + lh) * 3u * D, cur, n};
+    }
+    kvt__cu_append_args a = {c->h_papp, H, D, P, p->g.dtype, src_dtype, k, v, c->d_tab,
+                             c->d_mtab, c->d_dev, p->block_bytes, c->d_meta, p->meta_bytes,
+                             c->d_acc, n};
+    rc = kvt__cu_append(&a, c->stream);
+    if (!rc)
+        rc = kvt__cu_stream_sync(c->stream); /* k and v are the caller's again */
+    return rc;
+}
+
+/* ---- steps --------------------------------------------------------------- */
+
+int kvt__cuda_step_plan(kvt_step *st, void *stream)
+{
+    kvt_pool *p = st->pool;
+    struct kvt__cuda *c = p->cu;
+    const uint32_t L = st->L, H = st->H, P = st->P;
+    int rc = kvt__cu_set_device(c->device);
+    if (rc)
+        return rc;
+    if (c->done_pending) { /* the last step's kernels read the pinned arrays */
+        if ((rc = kvt__cu_event_sync(c->done)))
+            return rc;
+        c->done_pending = false;
+    }
+    uint32_t kmax = 0;
+    if (st->k)
+        for (size_t b = 0; b < (size_t)L * H; b++)
+            kmax = st->k[b] > kmax ? st->k[b] : kmax;
+    uint64_t pages = 0;
+    uint32_t np_max = 1;
+    for (uint32_t i = 0; i < st->n; i++) {
+        kvt__seq *s = st->seqs[i];
+        if ((rc = kvt__slot_state(p, s, kmax)) || (rc = kvt__tab_place(p, s)))
+            return rc;
+        uint32_t tmax = 0;
+        for (uint32_t l = 0; l < L; l++)
+            tmax = s->n_tokens[l] > tmax ? s->n_tokens[l] : tmax;
+        const uint32_t np = kvt__pages_for(p, tmax + 1);
+        np_max = np > np_max ? np : np_max;
+        pages += (uint64_t)np * H;
+    }
+    const size_t items = (size_t)st->n * H;
+    if (items > c->cap_items) {
+        const size_t li = (size_t)L * items;
+        c->cap_items = 0;
+        if ((rc = kvt__pin_grow((void **)&c->h_app, li, sizeof *c->h_app)) ||
+            (rc = kvt__pin_grow((void **)&c->h_sc, li, sizeof *c->h_sc)) ||
+            (rc = kvt__pin_grow((void **)&c->h_tk, li, sizeof *c->h_tk)) ||
+            (rc = kvt__pin_grow((void **)&c->h_sf, li, sizeof *c->h_sf)) ||
+            (rc = kvt__pin_grow((void **)&c->h_at, li, sizeof *c->h_at)) ||
+            (rc = kvt__pin_grow((void **)&c->h_sdev, li, sizeof *c->h_sdev)) ||
+            (rc = kvt__pin_grow((void **)&c->h_smeta, li, sizeof *c->h_smeta)) ||
+            (rc = kvt__pin_grow((void **)&c->h_rg, li, sizeof *c->h_rg)) ||
+            (rc = kvt__dev_grow((void **)&c->d_nsel, 0, items * 4)) ||
+            (rc = kvt__dev_grow((void **)&c->d_ntopk, 0, items * 4)))
+            return rc;
+        c->cap_items = items;
+    }
+    if (pages > c->cap_pages) {
+        c->cap_pages = 0;
+        if ((rc = kvt__quiesce(c)) ||
+            (rc = kvt__dev_grow((void **)&c->d_vote, 0, pages * sizeof(float))) ||
+            (rc = kvt__dev_grow((void **)&c->d_sel, 0, pages * 4)) ||
+            (rc = kvt__dev_grow((void **)&c->d_topk, 0, pages * 4)) ||
+            (rc = kvt__dev_grow((void **)&c->d_blocks, 0, pages * 4)) ||
+            (rc = kvt__dev_grow((void **)&c->d_ntok, 0, pages * 4)))
+            return rc;
+        c->cap_pages = pages;
+    }
+    /* The decode's arguments as kvt__cuda_step_decode passes them (the
+     * engine's pointers are not known yet: placeholders). */
+    kvt__cu_attn_args a = {c->h_at, (uint32_t)items, st->G, st->D, P, p->g.dtype, st->scale,
+                           np_max, 0, (const float *)c->d_dev, (float *)c->d_dev, NULL,
+                           c->d_blocks, c->d_ntok, c->d_dev, p->block_bytes, NULL};
+    const size_t work = kvt__cu_attn_workspace_bytes(&a);
+    if (work > c->cap_work) {
+        if ((rc = kvt__quiesce(c)) || (rc = kvt__dev_grow(&c->d_work, 0, work)))
+            return rc;
+        c->cap_work = work;
+    }
+    c->np_max = np_max;
+    c->sst = stream ? stream : c->stream; /* the step's work goes there from now */
+    c->sync_calls = stream == NULL;
+    memset(c->selected, 0, L);
+    return 0;
+}
+
+int kvt__cuda_step_append(kvt_step *st, uint32_t layer, const void *k, const void *v,
+                          kvt_dtype src_dtype, uint64_t seq_stride, const uint32_t *cur)
+{
+    kvt_pool *p = st->pool;
+    struct kvt__cuda *c = p->cu;
+    const uint32_t H = st->H, D = st->D, P = st->P;
+    const size_t L0 = (size_t)layer * c->cap_items;
+    kvt__cu_append_item *it = c->h_app + L0;
+    uint32_t *sdev = c->h_sdev + L0, *smeta = c->h_smeta + L0;
+    kvt__cu_range *rg = c->h_rg + L0;
+    uint32_t nr = 0;
+    int rc = kvt__cu_set_device(c->device);
+    if (rc)
+        return rc;
+    for (uint32_t i = 0; i < st->n; i++) {
+        const kvt__seq *s = st->seqs[i];
+        const uint32_t slot = kvt__slot(p, s), pg = cur[i] / P;
+        for (uint32_t h = 0; h < H; h++) {
+            const size_t lh = kvt__lh(p, layer, h), e = lh * s->cap_pages + pg;
+            if (cur[i] % P == 0) { /* the token opens a page: its entries go up */
+                sdev[nr] = s->dev_block[e];
+                smeta[nr] = s->meta_slot[e];
+                rg[nr] = (kvt__cu_range){nr, s->cu_off + e, 1, 0};
+                nr++;
+            }
+            it[(size_t)i * H + h] = (kvt__cu_append_item){
+                (uint64_t)i * seq_stride + (uint64_t)h * D, 0, s->cu_off + lh * s->cap_pages,
+                ((uint64_t)slot * c->LH + lh) * 3u * D, cur[i], 1};
+        }
+    }
+    if (nr && ((rc = kvt__cu_table_sync(sdev, c->d_tab, rg, nr, c->sst)) ||
+               (rc = kvt__cu_table_sync(smeta, c->d_mtab, rg, nr, c->sst))))
+        return rc;
+    kvt__cu_append_args a = {it, st->n * H, D, P, p->g.dtype, src_dtype, k, v, c->d_tab,
+                             c->d_mtab, c->d_dev, p->block_bytes, c->d_meta, p->meta_bytes,
+                             c->d_acc, 1};
+    rc = kvt__cu_append(&a, c->sst);
+    if (!rc && c->sync_calls) /* no engine stream to order with: finish here */
+        rc = kvt__cu_stream_sync(c->sst);
+    return rc;
+}
+
+int kvt__cuda_step_select(kvt_step *st, uint32_t layer, const float *q)
+{
+    kvt_pool *p = st->pool;
+    struct kvt__cuda *c = p->cu;
+    const uint32_t H = st->H, G = st->G, D = st->D, P = st->P;
+    const bool dense = (st->flags & KVT_STEP_DENSE) != 0;
+    const size_t L0 = (size_t)layer * c->cap_items;
+    kvt__cu_score_item *sc = c->h_sc + L0;
+    kvt__cu_topk_item *tk = c->h_tk + L0;
+    kvt__cu_sf_item *sf = c->h_sf + L0;
+    kvt__cu_attn_item *at = c->h_at + L0;
+    int rc = kvt__cu_set_device(c->device);
+    /* A layer selected again in the same step: its pinned items may still
+     * be read by the queued work of the first selection. */
+    if (!rc && c->selected[layer])
+        rc = kvt__cu_stream_sync(c->sst);
+    if (rc)
+        return rc;
+    uint64_t off = 0;
+    uint32_t n_rr = 0, np_max = 1;
+    for (uint32_t i = 0; i < st->n; i++) {
+        kvt__seq *s = st->seqs[i];
+        const uint32_t slot = kvt__slot(p, s), tokens = s->n_tokens[layer];
+        const uint32_t np = kvt__pages_for(p, tokens);
+        np_max = np > np_max ? np : np_max;
+        for (uint32_t h = 0; h < H; h++) {
+            const size_t ih = (size_t)i * H + h, lh = kvt__lh(p, layer, h);
+            const uint32_t k = dense ? 0 : st->k[lh], sink = dense ? 0 : st->sink[lh];
+            const uint32_t local = dense ? 0 : st->local[lh];
+            const bool due = st->due[(size_t)i * st->L * H + lh] != 0;
+            uint32_t mode;
+            /* The rule of the CPU backend's kvt__sel_task. */
+            if (dense || (!(due && np) && (uint64_t)k + sink + local >= np))
+                mode = KVT__CU_SF_ALL;
+            else
+                mode = due ? KVT__CU_SF_RERANK : KVT__CU_SF_REUSE;
+            st->sel_rr[ih] = mode == KVT__CU_SF_RERANK;
+            st->sel_off[ih] = (uint32_t)off;
+            const uint32_t scored = mode == KVT__CU_SF_RERANK ? np : 0;
+            n_rr += scored != 0;
+            sc[ih] = (kvt__cu_score_item){((uint64_t)i * st->Hq + (uint64_t)h * G) * D,
+                                          s->cu_off + lh * s->cap_pages, off, scored, 0};
+            tk[ih] = (kvt__cu_topk_item){off, off, scored, tokens, k, sink, local, 0};
+            sf[ih] = (kvt__cu_sf_item){off,
+                                       ((uint64_t)slot * c->LH + lh) * c->kcap,
+                                       s->cu_off + lh * s->cap_pages,
+                                       (uint32_t)(slot * c->LH + lh), mode, np, tokens, sink,
+                                       local};
+            at[ih] = (kvt__cu_attn_item){((uint64_t)i * st->Hq + (uint64_t)h * G) * D,
+                                         ((uint64_t)i * st->Hq + (uint64_t)h * G) * D,
+                                         (uint64_t)i * st->Hq + (uint64_t)h * G, off, 0, 0};
+            off += np ? np : 1;
+        }
+    }
+    if (off > c->cap_pages)
+        return kvt__err(KVT_EINTERNAL, "step: selection needs %llu entries, the plan sized %zu",
+                        (unsigned long long)off, c->cap_pages);
+    const uint32_t items = st->n * H;
+    if (n_rr) {
+        kvt__cu_score_args sa = {sc, items, G, D, p->g.dtype, st->sel->method, st->sel->vote,
+                                 st->sel->vote_scale, np_max, q, c->d_mtab, c->d_meta,
+                                 p->meta_bytes, c->d_vote};
+        if ((rc = kvt__cu_score(&sa, c->sst)))
+            return rc;
+    }
+    kvt__cu_topk_args ta = {tk, items, P, np_max, c->d_vote, c->d_sel, c->d_nsel, c->d_topk,
+                            c->d_ntopk};
+    if ((rc = kvt__cu_topk(&ta, c->sst)))
+        return rc;
+    kvt__cu_sf_args fa = {sf, items, P, np_max, c->kcap, c->d_sel, c->d_nsel, c->d_topk,
+                          c->d_ntopk, c->d_saved, c->d_nsaved, c->d_tab, c->d_blocks, c->d_ntok,
+                          at};
+    rc = kvt__cu_sel_finish(&fa, c->sst);
+    /* The saved set is this K's once the finish is queued; a failed launch
+     * may have left it half written: rerank next time. */
+    for (uint32_t i = 0; i < st->n; i++)
+        for (uint32_t h = 0; h < H && st->seqs[i]->topk; h++)
+            if (st->sel_rr[(size_t)i * H + h])
+                st->seqs[i]->topk_k[kvt__lh(p, layer, h)] =
+                    rc ? 0u : st->k[kvt__lh(p, layer, h)] + 1u;
+    if (!rc)
+        c->selected[layer] = 1;
+    if (!rc && c->sync_calls)
+        rc = kvt__cu_stream_sync(c->sst);
+    return rc;
+}
+
+int kvt__cuda_step_decode(kvt_step *st, uint32_t layer, const float *q, float *out, float *lse)
+{
+    kvt_pool *p = st->pool;
+    struct kvt__cuda *c = p->cu;
+    int rc = kvt__cu_set_device(c->device);
+    if (rc)
+        return rc;
+    kvt__cu_attn_args a = {c->h_at + (size_t)layer * c->cap_items, st->n * st->H, st->G, st->D,
+                           st->P, p->g.dtype, st->scale, c->np_max, 0, q, out, lse, c->d_blocks,
+                           c->d_ntok, c->d_dev, p->block_bytes, c->d_work};
+    rc = kvt__cu_attn(&a, c->sst);
+    if (!rc && c->sync_calls)
+        rc = kvt__cu_stream_sync(c->sst);
+    return rc;
+}
+
+int kvt__cuda_step_selection(const kvt_step *st, size_t ih, uint32_t *pages, uint32_t capacity,
+                             uint32_t *n_pages)
+{
+    struct kvt__cuda *c = st->pool->cu;
+    uint32_t n;
+    int rc = kvt__cu_set_device(c->device);
+    if (!rc)
+        rc = kvt__cu_stream_sync(c->sst);
+    if (!rc)
+        rc = kvt__cu_memcpy(&n, c->d_nsel + ih, sizeof n);
+    if (rc)
+        return rc;
+    if (n == UINT32_MAX)
+        return kvt__err(KVT_EINTERNAL, "step: the saved top-K set outgrew its store");
+    if (n > capacity)
+        return kvt__err(KVT_ERANGE, "capacity: %u entries, the selection has %u", capacity, n);
+    if (n && (rc = kvt__cu_memcpy(pages, c->d_sel + st->sel_off[ih], n * sizeof *pages)))
+        return rc;
+    *n_pages = n;
+    return 0;
+}
+
+int kvt__cuda_step_finish(kvt_step *st)
+{
+    struct kvt__cuda *c = st->pool->cu;
+    int rc = kvt__cu_set_device(c->device);
+    if (!rc)
+        rc = kvt__cu_event_record(c->done, c->sst);
+    c->done_pending = rc == 0;
+    if (rc) /* nothing tells when the step's kernels end: wait for them */
+        (void)kvt__quiesce(c);
+    c->sst = NULL; /* `done` covers its work; the engine may destroy the stream */
+    return rc;
+}
