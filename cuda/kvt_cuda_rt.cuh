@@ -211,6 +211,13 @@ KVT_HD void kvt_store(void *p, uint64_t i, kvt_dtype dt, float f, int mode)
 }
 KVT_HD uint32_t kvt_dtype_bytes(kvt_dtype dt) { return dt == KVT_DTYPE_F32 ? 4u : 2u; }
 
+// A launcher's required pointer argument a->field.
+#define KVT_CU_NEED(a, field)                                                         \
+    do {                                                                              \
+        if (!(a)->field)                                                              \
+            return kvt__err(KVT_EINVAL, "a->" #field ": must not be NULL");           \
+    } while (0)
+
 // Launch error -> KVT_EIO with the CUDA error, naming the kernel.
 #define KVT_CU_LAUNCHED(e, what)                                                        \
     ((e) == cudaSuccess ? 0                                                             \

@@ -540,17 +540,13 @@ int kvt__cu_score(const kvt__cu_score_args *a, void *stream)
                         (unsigned long long)elem, (unsigned long long)(3ull * a->D * elem));
     if (a->n_items == 0)
         return 0;
-    if (!a->d_items)
-        return kvt__err(KVT_EINVAL, "a->d_items: must not be NULL");
-    if (!a->d_q)
-        return kvt__err(KVT_EINVAL, "a->d_q: must not be NULL");
-    if (!a->d_meta_table)
-        return kvt__err(KVT_EINVAL, "a->d_meta_table: must not be NULL");
+    KVT_CU_NEED(a, d_items);
+    KVT_CU_NEED(a, d_q);
+    KVT_CU_NEED(a, d_meta_table);
     if (!a->d_meta_base || (uintptr_t)a->d_meta_base % 16 != 0)
         return kvt__err(KVT_EINVAL, "a->d_meta_base: %p is NULL or not 16-byte aligned",
                         (const void *)a->d_meta_base);
-    if (!a->d_vote)
-        return kvt__err(KVT_EINVAL, "a->d_vote: must not be NULL");
+    KVT_CU_NEED(a, d_vote);
 
     const bool sv = a->vote == KVT_VOTE_SOFTVOTE;
     const size_t qbytes = (a->method == KVT_SCORE_MINMAX ? 2u : 1u) * (size_t)a->G * a->D * 4u;
@@ -584,14 +580,10 @@ int kvt__cu_topk(const kvt__cu_topk_args *a, void *stream)
         return kvt__err(KVT_EINVAL, "a->n_items: %u is above 2^31 - 1", a->n_items);
     if (a->n_items == 0)
         return 0;
-    if (!a->d_items)
-        return kvt__err(KVT_EINVAL, "a->d_items: must not be NULL");
-    if (!a->d_vote)
-        return kvt__err(KVT_EINVAL, "a->d_vote: must not be NULL");
-    if (!a->d_sel)
-        return kvt__err(KVT_EINVAL, "a->d_sel: must not be NULL");
-    if (!a->d_n_sel)
-        return kvt__err(KVT_EINVAL, "a->d_n_sel: must not be NULL");
+    KVT_CU_NEED(a, d_items);
+    KVT_CU_NEED(a, d_vote);
+    KVT_CU_NEED(a, d_sel);
+    KVT_CU_NEED(a, d_n_sel);
     const uint32_t cache = a->max_pages <= KVT_TK_CACHE_PAGES ? a->max_pages : 0u;
     const cudaError_t e = KVT_LAUNCH(kvt_topk_kernel, dim3(a->n_items), dim3(KVT_TK_THREADS),
                                      (size_t)cache * 4u, stream, *a, cache);

@@ -159,26 +159,19 @@ int kvt__cu_sel_finish(const kvt__cu_sf_args *a, void *stream)
         return kvt__err(KVT_EINVAL, "a->n_items: %u is above 2^31 - 1", a->n_items);
     if (a->n_items == 0)
         return 0;
-    if (!a->d_items)
-        return kvt__err(KVT_EINVAL, "a->d_items: must not be NULL");
-    if (!a->d_sel)
-        return kvt__err(KVT_EINVAL, "a->d_sel: must not be NULL");
-    if (!a->d_n_sel)
-        return kvt__err(KVT_EINVAL, "a->d_n_sel: must not be NULL");
+    KVT_CU_NEED(a, d_items);
+    KVT_CU_NEED(a, d_sel);
+    KVT_CU_NEED(a, d_n_sel);
     if (!a->d_topk != !a->d_n_topk)
         return kvt__err(KVT_EINVAL, "a->d_n_topk: %s while d_topk is %s",
                         a->d_n_topk ? "set" : "NULL", a->d_topk ? "set" : "NULL");
     if (!a->d_saved != !a->d_n_saved)
         return kvt__err(KVT_EINVAL, "a->d_n_saved: %s while d_saved is %s",
                         a->d_n_saved ? "set" : "NULL", a->d_saved ? "set" : "NULL");
-    if (!a->d_dev_table)
-        return kvt__err(KVT_EINVAL, "a->d_dev_table: must not be NULL");
-    if (!a->d_blocks)
-        return kvt__err(KVT_EINVAL, "a->d_blocks: must not be NULL");
-    if (!a->d_ntok)
-        return kvt__err(KVT_EINVAL, "a->d_ntok: must not be NULL");
-    if (!a->d_attn)
-        return kvt__err(KVT_EINVAL, "a->d_attn: must not be NULL");
+    KVT_CU_NEED(a, d_dev_table);
+    KVT_CU_NEED(a, d_blocks);
+    KVT_CU_NEED(a, d_ntok);
+    KVT_CU_NEED(a, d_attn);
     const cudaError_t e = KVT_LAUNCH(kvt_sf_kernel, dim3(a->n_items), dim3(KVT_SF_THREADS), 0,
                                      stream, *a);
     return KVT_CU_LAUNCHED(e, "kvt__cu_sel_finish");

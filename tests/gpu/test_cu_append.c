@@ -22,7 +22,7 @@
  * The grid hint max_tokens is exercised as 0 (one block per item), exact,
  * and too small (the blocks then stride over an item's pages). Bad
  * arguments name themselves. */
-#include "kvt_cuda.h"
+#include "gputest.h"
 #include "testutil.h"
 #include "internal.h"
 
@@ -487,11 +487,7 @@ static void test_bad_args(void **state)
 
 int main(void)
 {
-    const char *why;
-    if (kvt__cu_device_count(&why) <= 0) {
-        printf("skipped: no CUDA device (%s)\n", why);
-        return 77;
-    }
+    GPU_SKIP_WITHOUT_DEVICE();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_append_dtypes),
         cmocka_unit_test(test_append_decode),

@@ -12,7 +12,7 @@
  * every chunk size from 16 bytes to larger than any copy and grid caps of 1,
  * 3, 37 blocks and the default; the same lists go through the
  * cudaMemcpyAsync path. The table sync is checked against a host loop. */
-#include "kvt_cuda.h"
+#include "gputest.h"
 #include "testutil.h"
 
 #define AREA (8u << 20) /* bytes of each of the four areas */
@@ -394,11 +394,7 @@ static void test_bad_args(void **state)
 
 int main(void)
 {
-    const char *why;
-    if (kvt__cu_device_count(&why) <= 0) {
-        printf("skipped: no CUDA device (%s)\n", why);
-        return 77;
-    }
+    GPU_SKIP_WITHOUT_DEVICE();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_copy_random),
         cmocka_unit_test(test_copy_many),

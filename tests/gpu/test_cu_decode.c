@@ -29,7 +29,7 @@
  * with more pages than max_pages promised, d_lse NULL, and every bad
  * argument (KVT_EINVAL naming it). */
 #include "internal.h"
-#include "kvt_cuda.h"
+#include "gputest.h"
 #include "testutil.h"
 
 #define MAX_ITEMS 12u
@@ -498,11 +498,7 @@ static void test_bad_args(void **state)
 
 int main(void)
 {
-    const char *why;
-    if (kvt__cu_device_count(&why) <= 0) {
-        printf("skipped: no CUDA device (%s)\n", why);
-        return 77;
-    }
+    GPU_SKIP_WITHOUT_DEVICE();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bad_args),
         cmocka_unit_test(test_shapes),

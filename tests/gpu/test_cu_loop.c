@@ -26,7 +26,7 @@
 
 #include "testutil.h"
 #include "internal.h"
-#include "kvt_cuda.h"
+#include "gputest.h"
 
 #define L 2u
 #define H 4u
@@ -505,11 +505,7 @@ static void test_tiered_loop(void **state)
 
 int main(void)
 {
-    const char *why = "";
-    if (kvt__cu_device_count(&why) <= 0) {
-        printf("skipped: no CUDA device (%s)\n", why);
-        return 77;
-    }
+    GPU_SKIP_WITHOUT_DEVICE();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tiered_loop),
     };

@@ -18,7 +18,7 @@
 #include <string.h>
 
 #include "testutil.h"
-#include "kvt_cuda.h"
+#include "gputest.h"
 
 #define L 2u
 #define H 4u
@@ -275,11 +275,7 @@ static void test_pool_vs_cpu(void **state)
 
 int main(void)
 {
-    const char *why = "";
-    if (kvt__cu_device_count(&why) <= 0) {
-        printf("skipped: no CUDA device (%s)\n", why);
-        return 77;
-    }
+    GPU_SKIP_WITHOUT_DEVICE();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pool_vs_cpu),
     };

@@ -15,7 +15,7 @@
  * whole updated tables (padding between items included), the copy lists
  * (as multisets, then in exact order), freed blocks, staged pages, counts
  * and status must match exactly; entries past the counts stay untouched. */
-#include "kvt_cuda.h"
+#include "gputest.h"
 #include "testutil.h"
 
 #define R_DEV KVT_RES_DEVICE
@@ -773,11 +773,7 @@ static void test_recycle_bad_args(void **state)
 
 int main(void)
 {
-    const char *why;
-    if (kvt__cu_device_count(&why) <= 0) {
-        printf("skipped: no CUDA device (%s)\n", why);
-        return 77;
-    }
+    GPU_SKIP_WITHOUT_DEVICE();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_recycle_random),
         cmocka_unit_test(test_recycle_free_lists),

@@ -28,7 +28,7 @@
  * counts from 0 to 70000 (the shared-memory key cache up to 8192 pages, the
  * global path above it, also with max_pages understated). Nothing past the
  * selection's count is written. Bad arguments name themselves. */
-#include "kvt_cuda.h"
+#include "gputest.h"
 #include "testutil.h"
 #include "internal.h"
 
@@ -760,11 +760,7 @@ static void test_bad_args(void **state)
 
 int main(void)
 {
-    const char *why;
-    if (kvt__cu_device_count(&why) <= 0) {
-        printf("skipped: no CUDA device (%s)\n", why);
-        return 77;
-    }
+    GPU_SKIP_WITHOUT_DEVICE();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_score_shapes),
         cmocka_unit_test(test_topk_small),

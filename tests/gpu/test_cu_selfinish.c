@@ -26,7 +26,7 @@
  * them) give UINT32_MAX and write nothing else. A RERANK launch followed by
  * a REUSE launch of the same heads reads back what the first saved. Bad
  * launcher arguments name themselves. */
-#include "kvt_cuda.h"
+#include "gputest.h"
 #include "testutil.h"
 #include "internal.h"
 
@@ -916,11 +916,7 @@ static void test_bad_args(void **state)
 
 int main(void)
 {
-    const char *why;
-    if (kvt__cu_device_count(&why) <= 0) {
-        printf("skipped: no CUDA device (%s)\n", why);
-        return 77;
-    }
+    GPU_SKIP_WITHOUT_DEVICE();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_random_topk),
         cmocka_unit_test(test_random_other_P),
