@@ -30,6 +30,12 @@ int kvt__cuda_seq_append(kvt_pool *p, kvt__seq *s, uint32_t layer, const void *k
     return KVT__NO_CUDA;
 }
 
+int kvt__cuda_check(const kvt_pool *p)
+{
+    (void)p;
+    return KVT__NO_CUDA;
+}
+
 int kvt__cuda_read(const kvt_pool *p, void *dst, const void *dev_src, size_t n)
 {
     (void)p, (void)dst, (void)dev_src, (void)n;

@@ -105,12 +105,7 @@ int kvt__cuda_pool_init(kvt_pool *p, const kvt_pool_opts *o)
     if (o->cuda_device < 0 || o->cuda_device >= n)
         return kvt__err(KVT_EINVAL, "opts->cuda_device: %d, the machine has %d CUDA device%s",
                         (int)o->cuda_device, n, n == 1 ? "" : "s");
-    if (o->host_bytes || o->disk_bytes)
-        return kvt__err(KVT_ENOTSUP, "opts->%s: the CUDA backend serves pools with a device "
-                        "tier only in this release", o->host_bytes ? "host_bytes" : "disk_bytes");
-    if (o->policy)
-        return kvt__err(KVT_ENOTSUP, "opts->policy: tiered placement on the CUDA backend is "
-                        "not built yet");
+    /* Host and disk tiers and a policy were refused by kvt__validate_opts. */
     /* The geometry's own limits today; kept so a wider geometry cannot
      * reach kernels that were not written for it. */
     const uint32_t D = p->g.head_dim, P = p->g.page_tokens;
@@ -188,6 +183,58 @@ int kvt__cuda_read(const kvt_pool *p, void *dst, const void *dev_src, size_t n)
     if (!rc)
         rc = kvt__quiesce(c);
     return rc ? rc : kvt__cu_memcpy(dst, dev_src, n);
+}
+
+int kvt__cuda_check(const kvt_pool *p)
+{
+    struct kvt__cuda *c = p->cu;
+    const uint32_t H = p->g.n_kv_heads;
+    uint32_t *tab = NULL, *mtab = NULL;
+    size_t cap = 0;
+    int rc = kvt__cu_set_device(c->device);
+    if (!rc)
+        rc = kvt__quiesce(c);
+    for (uint32_t si = 0; !rc && si < p->max_seqs; si++) {
+        const kvt__seq *s = &p->seqs[si];
+        if (!s->live || !s->cu_cap || s->cu_cap != s->cap_pages)
+            continue; /* not placed: uploaded whole at its next use */
+        const size_t n = (size_t)c->LH * s->cap_pages;
+        if (n > cap) {
+            free(tab);
+            free(mtab);
+            tab = malloc(n * sizeof *tab);
+            mtab = malloc(n * sizeof *mtab);
+            cap = n;
+            if (!tab || !mtab) {
+                rc = kvt__err(KVT_ENOMEM, "kvt_pool_check: cannot allocate a table copy");
+                break;
+            }
+        }
+        if (s->cu_off + n > c->tab_cap) {
+            rc = kvt__err(KVT_EINTERNAL, "CUDA table heap: sequence slot %u lies past its "
+                          "end", si);
+            break;
+        }
+        if ((rc = kvt__cu_memcpy(tab, c->d_tab + s->cu_off, n * sizeof *tab)) ||
+            (rc = kvt__cu_memcpy(mtab, c->d_mtab + s->cu_off, n * sizeof *mtab)))
+            break;
+        for (uint32_t lh = 0; !rc && lh < c->LH; lh++) {
+            const uint32_t np = kvt__pages_for(p, s->n_tokens[lh / H]);
+            for (uint32_t pg = 0; pg < np; pg++) {
+                const size_t e = (size_t)lh * s->cap_pages + pg;
+                if (tab[e] != s->dev_block[e] || mtab[e] != s->meta_slot[e]) {
+                    rc = kvt__err(KVT_EINTERNAL, "CUDA table copy: slot %u layer %u head %u "
+                                  "page %u holds block %u slot %u, the host table %u and %u",
+                                  si, lh / H, lh % H, pg, tab[e], mtab[e], s->dev_block[e],
+                                  s->meta_slot[e]);
+                    break;
+                }
+            }
+        }
+    }
+    free(tab);
+    free(mtab);
+    return rc;
 }
 
 /* ---- per-sequence device state ------------------------------------------ */

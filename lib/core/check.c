@@ -279,6 +279,8 @@ KVT_API int kvt_pool_check(const kvt_pool *pool)
     }
     if (!rc)
         rc = kvt__check_accounted(&pool->meta, &meta, "metadata store");
+    if (!rc && pool->cu) /* the GPU's copies of the tables match the host's */
+        rc = kvt__cuda_check(pool);
 
     free(slot_free);
     free(meta.owned);

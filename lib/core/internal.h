@@ -151,6 +151,9 @@ KVT__HIDDEN void kvt__cuda_pool_fini(struct kvt_pool *p);
 KVT__HIDDEN int kvt__cuda_seq_append(struct kvt_pool *p, struct kvt__seq *s, uint32_t layer,
                                      const void *k, const void *v, uint32_t n, uint32_t cur,
                                      kvt_dtype src_dtype, uint64_t token_stride);
+/* kvt_pool_check's part: every placed GPU table copy equals the host table
+ * for every page of every live sequence (waits). */
+KVT__HIDDEN int kvt__cuda_check(const struct kvt_pool *p);
 /* Copies n bytes of device memory to the host (waits). */
 KVT__HIDDEN int kvt__cuda_read(const struct kvt_pool *p, void *dst, const void *dev_src, size_t n);
 KVT__HIDDEN int kvt__cuda_step_plan(struct kvt_step *st, void *stream);

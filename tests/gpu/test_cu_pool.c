@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "testutil.h"
+#include "internal.h"
 #include "gputest.h"
 
 #define L 2u
@@ -240,6 +241,20 @@ static void test_pool_vs_cpu(void **state)
     printf("# %u reranked heads compared over %u steps\n", reranked, STEPS);
     assert_true(reranked > STEPS);
     same_contents(&f);
+
+    /* kvt_pool_check compares the GPU's table copies with the host's: two
+     * pages' blocks swapped on the host only (every host-side invariant
+     * still holds) must be reported. */
+    kvt__seq *s0;
+    TU_OK(kvt__seq_lookup(f.gpu, f.ig[0], &s0));
+    uint32_t *e = s0->dev_block; /* layer 0, head 0, pages 0 and 1 */
+    uint32_t t0 = e[0];
+    e[0] = e[1];
+    e[1] = t0;
+    TU_EXPECT_ERR(kvt_pool_check(f.gpu), KVT_EINTERNAL, "CUDA table copy");
+    e[1] = e[0];
+    e[0] = t0;
+    TU_CHECK(f.gpu);
 
     /* What the CUDA backend does not serve in this release. */
     uint32_t pages[64], n;
