@@ -9,7 +9,8 @@
  * tables when a sequence's table grows and otherwise by the entries each
  * append adds, synced by the UVA table kernel from pinned staging. A step's
  * per-layer calls only fill pinned item arrays (one slice per layer, so the
- * host never rewrites what a queued kernel will read) and launch; nothing
+ * host never rewrites what a queued upload will read), queue their upload to
+ * device copies on the step's stream and launch; nothing
  * waits for the GPU except the calls that return data to the host
  * (kvt_step_selection, kvt_seq_read_kv, kvt_seq_page_meta, kvt_pool_check)
  * and a prefill kvt_seq_append, which returns once its kernel has read the
@@ -52,6 +53,13 @@ struct kvt__cuda {
     kvt__cu_topk_item *h_tk;
     kvt__cu_sf_item *h_sf;
     kvt__cu_attn_item *h_at;
+    /* ... and their device copies, uploaded on the step's stream before the
+     * launches, so kernels read items from device memory, not over PCIe. */
+    kvt__cu_append_item *d_app;
+    kvt__cu_score_item *d_sc;
+    kvt__cu_topk_item *d_tk;
+    kvt__cu_sf_item *d_sf;
+    kvt__cu_attn_item *d_at;
     uint32_t *h_sdev, *h_smeta; /* new table entries */
     kvt__cu_range *h_rg;
     size_t cap_pages;      /* entries of the device selection buffers */
@@ -159,7 +167,8 @@ void kvt__cuda_pool_fini(kvt_pool *p)
                   (void **)&c->d_mtab, (void **)&c->d_acc, (void **)&c->d_saved,
                   (void **)&c->d_nsaved, (void **)&c->d_vote, (void **)&c->d_sel,
                   (void **)&c->d_topk, (void **)&c->d_blocks, (void **)&c->d_ntok,
-                  (void **)&c->d_nsel, (void **)&c->d_ntopk, &c->d_work};
+                  (void **)&c->d_nsel, (void **)&c->d_ntopk, &c->d_work, (void **)&c->d_app,
+                  (void **)&c->d_sc, (void **)&c->d_tk, (void **)&c->d_sf, (void **)&c->d_at};
     for (size_t i = 0; i < sizeof d / sizeof d[0]; i++)
         kvt__dev_free(d[i]);
     void **h[] = {(void **)&c->h_app, (void **)&c->h_sc, (void **)&c->h_tk, (void **)&c->h_sf,
@@ -449,6 +458,13 @@ int kvt__cuda_seq_append(kvt_pool *p, kvt__seq *s, uint32_t layer, const void *k
 
 /* ---- steps --------------------------------------------------------------- */
 
+/* Queues the upload of n items from a pinned slice to its device copy. */
+static int kvt__items_up(void *d, const void *h, size_t bytes, void *stream)
+{
+    const kvt__cu_copy cp = {(uint64_t)(uintptr_t)h, (uint64_t)(uintptr_t)d, bytes};
+    return bytes ? kvt__cu_copy_memcpy(&cp, 1, stream) : 0;
+}
+
 int kvt__cuda_step_plan(kvt_step *st, void *stream)
 {
     kvt_pool *p = st->pool;
@@ -488,6 +504,11 @@ int kvt__cuda_step_plan(kvt_step *st, void *stream)
             (rc = kvt__pin_grow((void **)&c->h_tk, li, sizeof *c->h_tk)) ||
             (rc = kvt__pin_grow((void **)&c->h_sf, li, sizeof *c->h_sf)) ||
             (rc = kvt__pin_grow((void **)&c->h_at, li, sizeof *c->h_at)) ||
+            (rc = kvt__dev_grow((void **)&c->d_app, 0, li * sizeof *c->d_app)) ||
+            (rc = kvt__dev_grow((void **)&c->d_sc, 0, li * sizeof *c->d_sc)) ||
+            (rc = kvt__dev_grow((void **)&c->d_tk, 0, li * sizeof *c->d_tk)) ||
+            (rc = kvt__dev_grow((void **)&c->d_sf, 0, li * sizeof *c->d_sf)) ||
+            (rc = kvt__dev_grow((void **)&c->d_at, 0, li * sizeof *c->d_at)) ||
             (rc = kvt__pin_grow((void **)&c->h_sdev, li, sizeof *c->h_sdev)) ||
             (rc = kvt__pin_grow((void **)&c->h_smeta, li, sizeof *c->h_smeta)) ||
             (rc = kvt__pin_grow((void **)&c->h_rg, li, sizeof *c->h_rg)) ||
@@ -509,7 +530,7 @@ int kvt__cuda_step_plan(kvt_step *st, void *stream)
     }
     /* The decode's arguments as kvt__cuda_step_decode passes them (the
      * engine's pointers are not known yet: placeholders). */
-    kvt__cu_attn_args a = {c->h_at, (uint32_t)items, st->G, st->D, P, p->g.dtype, st->scale,
+    kvt__cu_attn_args a = {c->d_at, (uint32_t)items, st->G, st->D, P, p->g.dtype, st->scale,
                            np_max, 0, (const float *)c->d_dev, (float *)c->d_dev, NULL,
                            c->d_blocks, c->d_ntok, c->d_dev, p->block_bytes, NULL};
     const size_t work = kvt__cu_attn_workspace_bytes(&a);
@@ -558,7 +579,10 @@ int kvt__cuda_step_append(kvt_step *st, uint32_t layer, const void *k, const voi
     if (nr && ((rc = kvt__cu_table_sync(sdev, c->d_tab, rg, nr, c->sst)) ||
                (rc = kvt__cu_table_sync(smeta, c->d_mtab, rg, nr, c->sst))))
         return rc;
-    kvt__cu_append_args a = {it, st->n * H, D, P, p->g.dtype, src_dtype, k, v, c->d_tab,
+    kvt__cu_append_item *dit = c->d_app + L0;
+    if ((rc = kvt__items_up(dit, it, (size_t)st->n * H * sizeof *it, c->sst)))
+        return rc;
+    kvt__cu_append_args a = {dit, st->n * H, D, P, p->g.dtype, src_dtype, k, v, c->d_tab,
                              c->d_mtab, c->d_dev, p->block_bytes, c->d_meta, p->meta_bytes,
                              c->d_acc, 1};
     rc = kvt__cu_append(&a, c->sst);
@@ -625,20 +649,25 @@ int kvt__cuda_step_select(kvt_step *st, uint32_t layer, const float *q)
         return kvt__err(KVT_EINTERNAL, "step: selection needs %llu entries, the plan sized %zu",
                         (unsigned long long)off, c->cap_pages);
     const uint32_t items = st->n * H;
+    if ((n_rr && (rc = kvt__items_up(c->d_sc + L0, sc, items * sizeof *sc, c->sst))) ||
+        (rc = kvt__items_up(c->d_tk + L0, tk, items * sizeof *tk, c->sst)) ||
+        (rc = kvt__items_up(c->d_sf + L0, sf, items * sizeof *sf, c->sst)) ||
+        (rc = kvt__items_up(c->d_at + L0, at, items * sizeof *at, c->sst)))
+        return rc;
     if (n_rr) {
-        kvt__cu_score_args sa = {sc, items, G, D, p->g.dtype, st->sel->method, st->sel->vote,
+        kvt__cu_score_args sa = {c->d_sc + L0, items, G, D, p->g.dtype, st->sel->method, st->sel->vote,
                                  st->sel->vote_scale, np_max, q, c->d_mtab, c->d_meta,
                                  p->meta_bytes, c->d_vote};
         if ((rc = kvt__cu_score(&sa, c->sst)))
             return rc;
     }
-    kvt__cu_topk_args ta = {tk, items, P, np_max, c->d_vote, c->d_sel, c->d_nsel, c->d_topk,
+    kvt__cu_topk_args ta = {c->d_tk + L0, items, P, np_max, c->d_vote, c->d_sel, c->d_nsel, c->d_topk,
                             c->d_ntopk};
     if ((rc = kvt__cu_topk(&ta, c->sst)))
         return rc;
-    kvt__cu_sf_args fa = {sf, items, P, np_max, c->kcap, c->d_sel, c->d_nsel, c->d_topk,
-                          c->d_ntopk, c->d_saved, c->d_nsaved, c->d_tab, c->d_blocks, c->d_ntok,
-                          at};
+    kvt__cu_sf_args fa = {c->d_sf + L0, items, P, np_max, c->kcap, c->d_sel, c->d_nsel,
+                          c->d_topk, c->d_ntopk, c->d_saved, c->d_nsaved, c->d_tab, c->d_blocks,
+                          c->d_ntok, c->d_at + L0};
     rc = kvt__cu_sel_finish(&fa, c->sst);
     /* The saved set is this K's once the finish is queued; a failed launch
      * may have left it half written: rerank next time. */
@@ -661,7 +690,7 @@ int kvt__cuda_step_decode(kvt_step *st, uint32_t layer, const float *q, float *o
     int rc = kvt__cu_set_device(c->device);
     if (rc)
         return rc;
-    kvt__cu_attn_args a = {c->h_at + (size_t)layer * c->cap_items, st->n * st->H, st->G, st->D,
+    kvt__cu_attn_args a = {c->d_at + (size_t)layer * c->cap_items, st->n * st->H, st->G, st->D,
                            st->P, p->g.dtype, st->scale, c->np_max, 0, q, out, lse, c->d_blocks,
                            c->d_ntok, c->d_dev, p->block_bytes, c->d_work};
     rc = kvt__cu_attn(&a, c->sst);
