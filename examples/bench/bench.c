@@ -85,8 +85,7 @@ static const char usage_text[] =
 
 static void usage_error(const char *msg, const char *arg)
 {
-    fprintf(stderr, PROG ": %s%s%s\n%s", msg, arg ? ": " : "", arg ? arg : "", usage_text);
-    exit(2);
+    bench_usage_exit(PROG, msg, arg, usage_text);
 }
 
 /* A positive count with an optional k or m suffix (bench_count). */

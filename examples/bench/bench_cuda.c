@@ -131,8 +131,7 @@ static const char cb_usage_text[] =
 
 static void cb_usage_error(const char *msg, const char *arg)
 {
-    fprintf(stderr, PROG ": %s%s%s\n%s", msg, arg ? ": " : "", arg ? arg : "", cb_usage_text);
-    exit(2);
+    bench_usage_exit(PROG, msg, arg, cb_usage_text);
 }
 
 /* A positive count with an optional k or m suffix (bench_count). */

@@ -177,8 +177,7 @@ static const char io_usage[] =
 
 static void io_usage_error(const char *msg, const char *arg)
 {
-    fprintf(stderr, PROG ": %s%s%s\n%s", msg, arg ? ": " : "", arg ? arg : "", io_usage);
-    exit(2);
+    bench_usage_exit(PROG, msg, arg, io_usage);
 }
 
 static uint32_t io_parse_u32(const char *s, const char *flag, uint32_t lo, uint32_t hi)

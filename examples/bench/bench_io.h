@@ -39,6 +39,15 @@ static inline void *bench_xmalloc(size_t n)
     return p;
 }
 
+/* Reports a bad command line (the subcommand's usage text after it) and
+ * exits with status 2. */
+static inline void bench_usage_exit(const char *prog, const char *msg, const char *arg,
+                                    const char *usage)
+{
+    fprintf(stderr, "%s: %s%s%s\n%s", prog, msg, arg ? ": " : "", arg ? arg : "", usage);
+    exit(2);
+}
+
 /* A count with an optional k (x1024) or m (x1048576) suffix in [lo, hi]:
  * 0 and *out set, or -1 (the caller reports its usage error). */
 static inline int bench_count(const char *s, unsigned long long lo, unsigned long long hi,

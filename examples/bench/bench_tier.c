@@ -107,8 +107,7 @@ static const char tier_usage[] =
 
 static void tier_usage_error(const char *msg, const char *arg)
 {
-    fprintf(stderr, PROG ": %s%s%s\n%s", msg, arg ? ": " : "", arg ? arg : "", tier_usage);
-    exit(2);
+    bench_usage_exit(PROG, msg, arg, tier_usage);
 }
 
 /* A count in [lo, hi] with an optional k or m suffix (bench_count). */
