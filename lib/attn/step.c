@@ -911,7 +911,7 @@ static void kvt__settle(kvt_step *st, uint32_t i, bool count)
 /* The selection's residency stats, then the fused recycle of every due
  * stable head: evicted pages' device blocks go straight to promoted pages,
  * and each sequence's promotions leave as one urgent mover batch. */
-static int kvt__recycle(kvt_step *st, uint32_t layer)
+static int kvt__recycle(kvt_step *st, uint32_t layer, const uint32_t *sel_pages)
 {
     kvt_pool *p = st->pool;
     kvt__arena *dev = &p->tier[KVT_TIER_DEVICE];
@@ -954,7 +954,7 @@ static int kvt__recycle(kvt_step *st, uint32_t layer)
                 p->pst.reranked++;
             if (!kvt__stable(p, lh))
                 continue;
-            const uint32_t *sel = st->sel_pages + st->sel_off[ih];
+            const uint32_t *sel = sel_pages + st->sel_off[ih];
             const uint32_t cnt = st->sel_cnt[ih];
             uint32_t hit = 0;
             for (uint32_t j = 0; j < cnt; j++)
@@ -1079,6 +1079,20 @@ static int kvt__recycle(kvt_step *st, uint32_t layer)
     return rc;
 }
 
+/* Promotions of a layer whose decode never ran land before the next
+ * selection. */
+static void kvt__settle_orphans(kvt_step *st)
+{
+    for (uint32_t i = 0; i < st->n; i++)
+        if (st->fpend[i]) {
+            kvt__settle(st, i, false);
+            const int32_t w = st->wcode[i]; /* warm-up's outcome stays for the decode */
+            st->wcode[i] = 0;
+            kvt__fail_reset(st, i);
+            st->wcode[i] = w;
+        }
+}
+
 static int kvt__select(kvt_step *st, uint32_t layer, const float *q)
 {
     int rc = kvt__step_enter(st, layer);
@@ -1088,7 +1102,16 @@ static int kvt__select(kvt_step *st, uint32_t layer, const float *q)
     KVT__CHECK_NULL(q);
     if (st->pool->cu) {
         st->sel_layer = KVT__NO_LAYER;
+        if (st->tiered)
+            kvt__settle_orphans(st);
         rc = kvt__cuda_step_select(st, layer, q);
+        if (!rc && kvt__cuda_lower(st->pool)) {
+            /* Lower tiers: the host places the pages, as on the CPU. */
+            const uint32_t *sp = NULL;
+            rc = kvt__cuda_step_fetch(st, layer, &sp);
+            if (!rc && st->tiered)
+                rc = kvt__recycle(st, layer, sp);
+        }
         if (!rc)
             st->sel_layer = layer;
         return rc;
@@ -1108,14 +1131,7 @@ static int kvt__select(kvt_step *st, uint32_t layer, const float *q)
         return kvt__err(KVT_EINTERNAL, "step: selection needs %zu entries, the plan sized %zu",
                         off, st->cap_sel);
     if (st->tiered)
-        for (uint32_t i = 0; i < st->n; i++)
-            if (st->fpend[i]) { /* a layer whose decode never ran: its moves land first */
-                kvt__settle(st, i, false);
-                const int32_t w = st->wcode[i]; /* warm-up's outcome stays for the decode */
-                st->wcode[i] = 0;
-                kvt__fail_reset(st, i);
-                st->wcode[i] = w;
-            }
+        kvt__settle_orphans(st);
     st->layer = layer;
     st->q = q;
     st->sel_layer = KVT__NO_LAYER;
@@ -1127,7 +1143,7 @@ static int kvt__select(kvt_step *st, uint32_t layer, const float *q)
             return rc;
     }
     if (st->tiered)
-        return kvt__recycle(st, layer);
+        return kvt__recycle(st, layer, st->sel_pages);
     return 0;
 }
 
@@ -1266,6 +1282,64 @@ static int kvt__dec_round(kvt_step *st, const uint8_t *rnd, uint8_t round)
     return 0;
 }
 
+/* The sequences of a failed promotion (round[i] == 2): their heads rescore
+ * at the next step; returns the error that names the first. */
+static int kvt__dec_failed(kvt_step *st, uint32_t layer, uint8_t *rnd)
+{
+    int first = 0;
+    uint32_t bad = 0;
+    for (uint32_t i = 0; i < st->n; i++) {
+        if (rnd[i] != 2)
+            continue;
+        if (!first) {
+            first = st->fcode[i] ? st->fcode[i] : st->wcode[i];
+            bad = i;
+        }
+        kvt__fail_reset(st, i);
+    }
+    for (uint32_t i = 0; i < st->n; i++)
+        rnd[i] = 0;
+    if (!first)
+        return 0;
+    char why[256];
+    snprintf(why, sizeof why, "%s", kvt_last_error());
+    return kvt__err(first, "sparse decode: promoted pages of sequence %u, layer %u did not "
+                    "load (%s); its output is zeros, its heads rescore at the next step", bad,
+                    layer, why);
+}
+
+/* The CUDA backend's decode. With lower tiers, every sequence's promotions
+ * land first (a wait on the host for each pending fence), then the block
+ * list comes from the host tables and one kernel serves the batch; the
+ * sequences whose promotions failed are left out (zeros, -infinity). */
+static int kvt__cuda_decode(kvt_step *st, uint32_t layer, const float *q, float *out, float *lse)
+{
+    if (!kvt__cuda_lower(st->pool))
+        return kvt__cuda_step_decode(st, layer, q, out, lse, NULL);
+    uint8_t *rnd = NULL;
+    if (st->tiered) {
+        rnd = st->failed;
+        for (uint32_t i = 0; i < st->n; i++) {
+            kvt__settle(st, i, true);
+            rnd[i] = (st->fcode[i] || st->wcode[i]) ? 2 : 0;
+        }
+    }
+    uint32_t missing = 0;
+    int rc = kvt__cuda_step_place(st, layer, &missing);
+    if (!rc)
+        rc = kvt__cuda_step_decode(st, layer, q, out, lse, rnd);
+    if (rnd) {
+        const int rf = kvt__dec_failed(st, layer, rnd);
+        rc = rc ? rc : rf;
+    }
+    if (!rc && missing)
+        rc = kvt__err(KVT_ESTATE, "sparse decode: %u selected page%s of layer %u %s no copy "
+                      "in the device tier (the CUDA backend decodes device pages only; fetch "
+                      "them with kvt_mover_submit first); they read as zeros", missing,
+                      missing == 1 ? "" : "s", layer, missing == 1 ? "has" : "have");
+    return rc;
+}
+
 KVT_API int kvt_sparse_decode(kvt_step *st, uint32_t layer, const float *q, float *out,
                               float *lse)
 {
@@ -1278,7 +1352,7 @@ KVT_API int kvt_sparse_decode(kvt_step *st, uint32_t layer, const float *q, floa
         return kvt__err(KVT_ESTATE, "layer: %u has no selection in this step (call "
                         "kvt_step_select or kvt_attend for it first)", layer);
     if (st->pool->cu)
-        return kvt__cuda_step_decode(st, layer, q, out, lse);
+        return kvt__cuda_decode(st, layer, q, out, lse);
     st->layer = layer;
     st->q = q;
     st->out = out;
@@ -1304,33 +1378,19 @@ KVT_API int kvt_sparse_decode(kvt_step *st, uint32_t layer, const float *q, floa
             }
         if (waited && (rc = kvt__dec_round(st, rnd, 1)))
             return rc;
-        int first = 0;
-        uint32_t bad = 0;
+        /* The heads whose pages did not arrive rescore at the next step;
+         * this layer's output of the sequence is not computed. */
         for (uint32_t i = 0; i < st->n; i++) {
             if (rnd[i] != 2)
                 continue;
-            /* The heads whose pages did not arrive rescore at the next step;
-             * this layer's output of the sequence is not computed. */
-            if (!first) {
-                first = st->fcode[i] ? st->fcode[i] : st->wcode[i];
-                bad = i;
-            }
-            kvt__fail_reset(st, i);
             memset(out + (size_t)i * st->Hq * st->D, 0,
                    (size_t)st->Hq * st->D * sizeof *out);
             if (lse)
                 for (uint32_t g = 0; g < st->Hq; g++)
                     lse[(size_t)i * st->Hq + g] = -INFINITY;
         }
-        for (uint32_t i = 0; i < st->n; i++)
-            rnd[i] = 0;
-        if (first) {
-            char why[256];
-            snprintf(why, sizeof why, "%s", kvt_last_error());
-            return kvt__err(first, "sparse decode: promoted pages of sequence %u, layer %u "
-                            "did not load (%s); its output is zeros, its heads rescore at "
-                            "the next step", bad, layer, why);
-        }
+        if ((rc = kvt__dec_failed(st, layer, rnd)))
+            return rc;
     }
     if (atomic_load(&st->err))
         return kvt__err(KVT_ESTATE, "sparse decode: a selected page of layer %u lives only on "

@@ -62,9 +62,9 @@ int kvt__cuda_step_select(struct kvt_step *st, uint32_t layer, const float *q)
 }
 
 int kvt__cuda_step_decode(struct kvt_step *st, uint32_t layer, const float *q, float *out,
-                          float *lse)
+                          float *lse, const uint8_t *skip)
 {
-    (void)st, (void)layer, (void)q, (void)out, (void)lse;
+    (void)st, (void)layer, (void)q, (void)out, (void)lse, (void)skip;
     return KVT__NO_CUDA;
 }
 
@@ -78,5 +78,56 @@ int kvt__cuda_step_selection(const struct kvt_step *st, size_t ih, uint32_t *pag
 int kvt__cuda_step_finish(struct kvt_step *st)
 {
     (void)st;
+    return KVT__NO_CUDA;
+}
+
+int kvt__cuda_step_fetch(struct kvt_step *st, uint32_t layer, const uint32_t **sel)
+{
+    (void)st, (void)layer, (void)sel;
+    return KVT__NO_CUDA;
+}
+
+int kvt__cuda_step_place(struct kvt_step *st, uint32_t layer, uint32_t *missing)
+{
+    (void)st, (void)layer, (void)missing;
+    return KVT__NO_CUDA;
+}
+
+/* The mover calls these only for batches that carry an event, which only a
+ * CUDA pool's batches do. */
+int kvt__cuda_mv_stream(const kvt_pool *p, void **stream)
+{
+    (void)p;
+    *stream = NULL;
+    return KVT__NO_CUDA;
+}
+
+void kvt__cuda_mv_stream_free(void *stream)
+{
+    (void)stream;
+}
+
+int kvt__cuda_mv_mark(kvt_pool *p, void **event)
+{
+    (void)p;
+    *event = NULL;
+    return KVT__NO_CUDA;
+}
+
+void kvt__cuda_mv_event_free(void *event)
+{
+    (void)event;
+}
+
+int kvt__cuda_mv_copy(const kvt_pool *p, void *stream, void *after, void *dst, const void *src,
+                      size_t n)
+{
+    (void)p, (void)stream, (void)after, (void)dst, (void)src, (void)n;
+    return KVT__NO_CUDA;
+}
+
+int kvt__cuda_mv_sync(const kvt_pool *p, void *stream)
+{
+    (void)p, (void)stream;
     return KVT__NO_CUDA;
 }

@@ -17,15 +17,30 @@
  * caller's rows. The next plan waits for the previous step's event before
  * reusing the pinned arrays.
  *
- * This release serves pools with a device tier only (no host or disk tier,
- * no placement policy) and no profiler; those are refused with
- * KVT_ENOTSUP. */
+ * Pools with a host tier (pinned: the NUMA-placed arena registered with
+ * CUDA, mapped) and a disk tier keep the placement on the host too: the
+ * selection of each layer comes back to the host (one wait on the step's
+ * stream), the host's placement (lib/tier/place.c, the step's fused
+ * recycle) decides promotions and evictions as on the CPU backend, and the
+ * tier mover copies pages between the tiers on its own low-priority
+ * streams, each batch after an event recorded when it was submitted. A
+ * sequence's decode waits on the host for its promotions' fence; the block
+ * list the decode reads is then built from the host tables and uploaded,
+ * and the table entries the host changed reach the GPU copy as dirty
+ * ranges (the UVA table kernel). The profiler and kvt_seq_warmup are
+ * refused with KVT_ENOTSUP. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "../core/internal.h"
 #include "../attn/step_int.h"
 #include "../../cuda/kvt_cuda.h"
+
+/* An event recorded after the last GPU work that read a pinned buffer. */
+typedef struct kvt__guard {
+    void *ev;
+    bool pending;
+} kvt__guard;
 
 struct kvt__cuda {
     int device;
@@ -71,7 +86,27 @@ struct kvt__cuda {
     /* Prefill items. */
     kvt__cu_append_item *h_papp;
     size_t cap_papp;
+    /* Pools with a host or disk tier ("lower" tiers). */
+    bool lower;
+    bool host_reg;         /* the host arena is registered (pinned, mapped) */
+    size_t cap_hp, cap_hi; /* pages / items of the buffers below */
+    uint32_t *h_sel, *h_blk; /* the selection back on the host; the block list (first
+                                the top-K parts back on the host) */
+    uint32_t *h_nsel;      /* [2 * items]: selection counts, top-K part counts */
+    float *h_vote;
+    kvt__cu_copy *h_cl;    /* [3 * items + 2] copy lists */
+    uint32_t *h_zero;      /* a pinned 0 (emptied decode items) */
+    /* Dirty-range staging of the table flush. */
+    uint32_t *h_fl;
+    kvt__cu_range *h_flr;
+    size_t cap_fl, cap_flr;
+    /* Pinned buffers written again only once the work that read them is
+     * done: the flush staging, and the copy lists with the block list. */
+    kvt__guard g_fl, g_cl;
 };
+
+static int kvt__tab_flush(const kvt_pool *p, kvt__seq *const *seqs, uint32_t n, uint32_t l0,
+                          uint32_t l1, void *stream);
 
 static uint32_t kvt__slot(const kvt_pool *p, const kvt__seq *s)
 {
@@ -139,6 +174,25 @@ int kvt__cuda_pool_init(kvt_pool *p, const kvt_pool_opts *o)
         rc = kvt__cu_stream_create(&c->stream, 0);
     if (!rc)
         rc = kvt__cu_event_create(&c->done);
+    if (!rc)
+        rc = kvt__cu_event_create(&c->g_fl.ev);
+    if (!rc)
+        rc = kvt__cu_event_create(&c->g_cl.ev);
+    if (!rc)
+        rc = kvt__cu_host_alloc((void **)&c->h_zero, 16);
+    if (!rc)
+        memset(c->h_zero, 0, 16);
+    c->lower = kvt__has_tier(p, KVT_TIER_HOST) || p->disk;
+    /* The host tier keeps its NUMA placement (libnuma mapped it) and is
+     * pinned and mapped in place: the mover's copies are DMA, and kernels
+     * may read it through UVA. */
+    const kvt__arena *ht = &p->tier[KVT_TIER_HOST];
+    if (!rc && ht->base) {
+        if ((rc = kvt__cu_host_register(ht->base, ht->map_bytes)))
+            return kvt__err(rc, "opts->host_bytes: cannot pin the host tier's %zu bytes for "
+                            "the GPU (%s)", ht->map_bytes, kvt_last_error());
+        c->host_reg = true;
+    }
     const kvt__arena *dv = &p->tier[KVT_TIER_DEVICE];
     if (!rc)
         rc = kvt__cu_malloc((void **)&c->d_dev, (size_t)dv->n_blocks * dv->block_bytes);
@@ -173,9 +227,16 @@ void kvt__cuda_pool_fini(kvt_pool *p)
         kvt__dev_free(d[i]);
     void **h[] = {(void **)&c->h_app, (void **)&c->h_sc, (void **)&c->h_tk, (void **)&c->h_sf,
                   (void **)&c->h_at, (void **)&c->h_sdev, (void **)&c->h_smeta,
-                  (void **)&c->h_rg, (void **)&c->h_papp};
+                  (void **)&c->h_rg, (void **)&c->h_papp, (void **)&c->h_sel,
+                  (void **)&c->h_blk, (void **)&c->h_nsel, (void **)&c->h_vote,
+                  (void **)&c->h_cl, (void **)&c->h_zero, (void **)&c->h_fl,
+                  (void **)&c->h_flr};
     for (size_t i = 0; i < sizeof h / sizeof h[0]; i++)
         kvt__pin_free(h[i]);
+    if (c->host_reg) /* before kvt_pool_destroy unmaps the arena */
+        kvt__cu_host_unregister(p->tier[KVT_TIER_HOST].base);
+    kvt__cu_event_destroy(c->g_fl.ev);
+    kvt__cu_event_destroy(c->g_cl.ev);
     kvt__cu_event_destroy(c->done);
     kvt__cu_stream_destroy(c->stream);
     free(c->selected);
@@ -201,6 +262,13 @@ int kvt__cuda_check(const kvt_pool *p)
     uint32_t *tab = NULL, *mtab = NULL;
     size_t cap = 0;
     int rc = kvt__cu_set_device(c->device);
+    /* What the host changed since the last use goes up first (after the
+     * open step's work, on its stream). */
+    for (uint32_t si = 0; !rc && si < p->max_seqs; si++) {
+        kvt__seq *s = &p->seqs[si];
+        if (s->live)
+            rc = kvt__tab_flush(p, &s, 1, 0, p->g.n_layers, c->sst ? c->sst : c->stream);
+    }
     if (!rc)
         rc = kvt__quiesce(c);
     for (uint32_t si = 0; !rc && si < p->max_seqs; si++) {
@@ -270,6 +338,10 @@ static int kvt__tab_upload(kvt_pool *p, kvt__seq *s)
 {
     struct kvt__cuda *c = p->cu;
     const size_t n = (size_t)c->LH * s->cap_pages * sizeof(uint32_t);
+    for (uint32_t lh = 0; lh < c->LH; lh++) { /* nothing left to flush */
+        s->cu_lo[lh] = UINT32_MAX;
+        s->cu_hi[lh] = 0;
+    }
     int rc = kvt__cu_memcpy(c->d_tab + s->cu_off, s->dev_block, n);
     return rc ? rc : kvt__cu_memcpy(c->d_mtab + s->cu_off, s->meta_slot, n);
 }
@@ -282,6 +354,17 @@ static int kvt__tab_place(kvt_pool *p, kvt__seq *s)
     struct kvt__cuda *c = p->cu;
     if (s->cu_cap == s->cap_pages && s->cu_cap)
         return 0;
+    if (!s->cu_lo) { /* from now on kvt__dirty records what the copy misses */
+        s->cu_lo = malloc((size_t)c->LH * sizeof *s->cu_lo);
+        s->cu_hi = malloc((size_t)c->LH * sizeof *s->cu_hi);
+        if (!s->cu_lo || !s->cu_hi) {
+            free(s->cu_lo);
+            free(s->cu_hi);
+            s->cu_lo = s->cu_hi = NULL;
+            return kvt__err(KVT_ENOMEM, "CUDA backend: cannot allocate a sequence's dirty "
+                            "ranges");
+        }
+    }
     const uint64_t need = (uint64_t)c->LH * s->cap_pages;
     int rc;
     if (c->tab_used + need > c->tab_cap) {
@@ -326,6 +409,92 @@ static int kvt__tab_place(kvt_pool *p, kvt__seq *s)
     s->cu_cap = s->cap_pages;
     if ((rc = kvt__tab_upload(p, s)))
         s->cu_cap = 0;
+    return rc;
+}
+
+/* Grows a pinned array to n elements of sz bytes (contents dropped). */
+static int kvt__pin_grow(void **h, size_t n, size_t sz);
+
+/* Waits until the guarded buffers may be written again. */
+static int kvt__guard_wait(kvt__guard *g)
+{
+    if (!g->pending)
+        return 0;
+    int rc = kvt__cu_event_sync(g->ev);
+    g->pending = rc != 0;
+    return rc;
+}
+
+/* The work just queued on `stream` reads the guarded buffers. */
+static int kvt__guard_set(kvt__guard *g, void *stream)
+{
+    const int rc = kvt__cu_event_record(g->ev, stream);
+    g->pending = rc == 0;
+    if (rc) /* nothing tells when it ends: wait for it, report the failure */
+        (void)kvt__cu_stream_sync(stream);
+    return rc;
+}
+
+/* Queues on `stream` the sync of the device-table entries the host changed
+ * (kvt__dirty) in layers [l0, l1) of seqs[n] to their GPU copies, by the
+ * UVA table kernel from pinned staging. Sequences whose copy is not placed
+ * are uploaded whole at their next use. */
+static int kvt__tab_flush(const kvt_pool *p, kvt__seq *const *seqs, uint32_t n, uint32_t l0,
+                          uint32_t l1, void *stream)
+{
+    struct kvt__cuda *c = p->cu;
+    const uint32_t H = p->g.n_kv_heads;
+    size_t ne = 0, nr = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        const kvt__seq *s = seqs[i];
+        if (!s->cu_lo || s->cu_cap != s->cap_pages || !s->cu_cap)
+            continue;
+        for (size_t lh = (size_t)l0 * H; lh < (size_t)l1 * H; lh++)
+            if (s->cu_lo[lh] <= s->cu_hi[lh]) {
+                ne += s->cu_hi[lh] - s->cu_lo[lh] + 1u;
+                nr++;
+            }
+    }
+    if (!nr)
+        return 0;
+    int rc = kvt__guard_wait(&c->g_fl);
+    if (rc)
+        return rc;
+    if (ne > c->cap_fl) {
+        c->cap_fl = 0;
+        if ((rc = kvt__pin_grow((void **)&c->h_fl, ne * 2, sizeof *c->h_fl)))
+            return rc;
+        c->cap_fl = ne * 2;
+    }
+    if (nr > c->cap_flr) {
+        c->cap_flr = 0;
+        if ((rc = kvt__pin_grow((void **)&c->h_flr, nr * 2, sizeof *c->h_flr)))
+            return rc;
+        c->cap_flr = nr * 2;
+    }
+    size_t e = 0, r = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        kvt__seq *s = seqs[i];
+        if (!s->cu_lo || s->cu_cap != s->cap_pages || !s->cu_cap)
+            continue;
+        for (size_t lh = (size_t)l0 * H; lh < (size_t)l1 * H; lh++) {
+            const uint32_t lo = s->cu_lo[lh], hi = s->cu_hi[lh];
+            if (lo > hi)
+                continue;
+            const size_t at = lh * s->cap_pages + lo;
+            memcpy(c->h_fl + e, s->dev_block + at, (size_t)(hi - lo + 1u) * sizeof *c->h_fl);
+            c->h_flr[r++] = (kvt__cu_range){e, s->cu_off + at, hi - lo + 1u, 0};
+            e += hi - lo + 1u;
+            s->cu_lo[lh] = UINT32_MAX;
+            s->cu_hi[lh] = 0;
+        }
+    }
+    rc = kvt__cu_table_sync(c->h_fl, c->d_tab, c->h_flr, (uint32_t)nr, stream);
+    if (!rc)
+        rc = kvt__guard_set(&c->g_fl, stream);
+    if (rc) /* the copies are suspect: upload them whole at their next use */
+        for (uint32_t i = 0; i < n; i++)
+            seqs[i]->cu_cap = 0;
     return rc;
 }
 
@@ -432,6 +601,8 @@ int kvt__cuda_seq_append(kvt_pool *p, kvt__seq *s, uint32_t layer, const void *k
                 return rc;
         }
     }
+    if ((rc = kvt__tab_flush(p, &s, 1, layer, layer + 1u, c->stream)))
+        return rc;
     if (H > c->cap_papp) {
         if ((rc = kvt__quiesce(c)) ||
             (rc = kvt__pin_grow((void **)&c->h_papp, H, sizeof *c->h_papp)))
@@ -539,6 +710,26 @@ int kvt__cuda_step_plan(kvt_step *st, void *stream)
             return rc;
         c->cap_work = work;
     }
+    if (c->lower && (items > c->cap_hi || pages > c->cap_hp)) {
+        /* The selection's way back to the host and the block list. */
+        if ((rc = kvt__guard_wait(&c->g_cl)))
+            return rc;
+        const size_t hi = items > c->cap_hi ? items : c->cap_hi;
+        const size_t hp = pages > c->cap_hp ? pages : c->cap_hp;
+        c->cap_hi = c->cap_hp = 0;
+        if ((rc = kvt__pin_grow((void **)&c->h_sel, hp, sizeof *c->h_sel)) ||
+            (rc = kvt__pin_grow((void **)&c->h_blk, hp, sizeof *c->h_blk)) ||
+            (rc = kvt__pin_grow((void **)&c->h_vote, hp, sizeof *c->h_vote)) ||
+            (rc = kvt__pin_grow((void **)&c->h_nsel, 2 * hi, sizeof *c->h_nsel)) ||
+            (rc = kvt__pin_grow((void **)&c->h_cl, 3 * hi + 2, sizeof *c->h_cl)))
+            return rc;
+        c->cap_hi = hi;
+        c->cap_hp = hp;
+    }
+    /* Table entries the host changed between steps (moves applied,
+     * evictions) reach the GPU copies before the step's first kernel. */
+    if ((rc = kvt__tab_flush(p, st->seqs, st->n, 0, L, stream ? stream : c->stream)))
+        return rc;
     c->np_max = np_max;
     c->sst = stream ? stream : c->stream; /* the step's work goes there from now */
     c->sync_calls = stream == NULL;
@@ -683,11 +874,27 @@ int kvt__cuda_step_select(kvt_step *st, uint32_t layer, const float *q)
     return rc;
 }
 
-int kvt__cuda_step_decode(kvt_step *st, uint32_t layer, const float *q, float *out, float *lse)
+int kvt__cuda_step_decode(kvt_step *st, uint32_t layer, const float *q, float *out, float *lse,
+                          const uint8_t *skip)
 {
     kvt_pool *p = st->pool;
     struct kvt__cuda *c = p->cu;
     int rc = kvt__cu_set_device(c->device);
+    if (rc)
+        return rc;
+    /* Sequences left out: their items' page counts (written by the
+     * selection's finish on the GPU) become 0, which the kernel answers
+     * with zeros and -infinity. */
+    for (uint32_t i = 0; skip && i < st->n && !rc; i++) {
+        if (!skip[i])
+            continue;
+        for (uint32_t h = 0; h < st->H && !rc; h++) {
+            kvt__cu_attn_item *it = c->d_at + (size_t)layer * c->cap_items + (size_t)i * st->H + h;
+            const kvt__cu_copy cp = {(uint64_t)(uintptr_t)c->h_zero,
+                                     (uint64_t)(uintptr_t)&it->n_pages, sizeof it->n_pages};
+            rc = kvt__cu_copy_memcpy(&cp, 1, c->sst);
+        }
+    }
     if (rc)
         return rc;
     kvt__cu_attn_args a = {c->d_at + (size_t)layer * c->cap_items, st->n * st->H, st->G, st->D,
@@ -732,4 +939,190 @@ int kvt__cuda_step_finish(kvt_step *st)
         (void)kvt__quiesce(c);
     c->sst = NULL; /* `done` covers its work; the engine may destroy the stream */
     return rc;
+}
+
+/* ---- pools with lower tiers: placement on the host ------------------------ */
+
+int kvt__cuda_step_fetch(kvt_step *st, uint32_t layer, const uint32_t **sel)
+{
+    kvt_pool *p = st->pool;
+    struct kvt__cuda *c = p->cu;
+    const uint32_t H = st->H;
+    const bool dense = (st->flags & KVT_STEP_DENSE) != 0;
+    const size_t items = (size_t)st->n * H;
+    int rc = kvt__cu_set_device(c->device);
+    if (rc)
+        return rc;
+    if (items > c->cap_hi)
+        return kvt__err(KVT_EINTERNAL, "step: %zu selections, the plan sized %zu", items,
+                        c->cap_hi);
+    if ((rc = kvt__guard_wait(&c->g_cl))) /* the last block list went up */
+        return rc;
+    /* One copy kernel brings back, per (sequence, head), the selection's
+     * bound of entries and, for reranked heads, the votes and the top-K
+     * part, plus the counts. */
+    uint32_t nc = 0;
+    c->h_cl[nc++] = (kvt__cu_copy){(uint64_t)(uintptr_t)c->d_nsel,
+                                   (uint64_t)(uintptr_t)c->h_nsel, items * sizeof(uint32_t)};
+    c->h_cl[nc++] = (kvt__cu_copy){(uint64_t)(uintptr_t)c->d_ntopk,
+                                   (uint64_t)(uintptr_t)(c->h_nsel + items),
+                                   items * sizeof(uint32_t)};
+    for (uint32_t i = 0; i < st->n; i++) {
+        const kvt__seq *s = st->seqs[i];
+        const uint32_t np = kvt__pages_for(p, s->n_tokens[layer]);
+        for (uint32_t h = 0; h < H; h++) {
+            const size_t ih = (size_t)i * H + h, lh = kvt__lh(p, layer, h);
+            const uint32_t off = st->sel_off[ih];
+            const uint32_t b = dense ? np : kvt__sel_bound(np, st->k[lh], st->sink[lh], st->local[lh]);
+            if (off + (uint64_t)(np ? np : 1) > c->cap_hp)
+                return kvt__err(KVT_EINTERNAL, "step: selection entries past the %zu the plan "
+                                "sized", c->cap_hp);
+            if (b)
+                c->h_cl[nc++] = (kvt__cu_copy){(uint64_t)(uintptr_t)(c->d_sel + off),
+                                               (uint64_t)(uintptr_t)(c->h_sel + off),
+                                               (uint64_t)b * 4u};
+            if (st->sel_rr[ih] && np) {
+                const uint32_t kk = st->k[lh] < np ? st->k[lh] : np;
+                c->h_cl[nc++] = (kvt__cu_copy){(uint64_t)(uintptr_t)(c->d_vote + off),
+                                               (uint64_t)(uintptr_t)(c->h_vote + off),
+                                               (uint64_t)np * 4u};
+                if (kk)
+                    c->h_cl[nc++] = (kvt__cu_copy){(uint64_t)(uintptr_t)(c->d_topk + off),
+                                                   (uint64_t)(uintptr_t)(c->h_blk + off),
+                                                   (uint64_t)kk * 4u};
+            }
+        }
+    }
+    if ((rc = kvt__cu_copy_kernel(c->h_cl, nc, 0, 0, c->sst)) ||
+        (rc = kvt__cu_stream_sync(c->sst))) /* the host decides what moves */
+        return rc;
+    for (uint32_t i = 0; i < st->n; i++) {
+        kvt__seq *s = st->seqs[i];
+        const uint32_t np = kvt__pages_for(p, s->n_tokens[layer]);
+        for (uint32_t h = 0; h < H; h++) {
+            const size_t ih = (size_t)i * H + h, lh = kvt__lh(p, layer, h);
+            const uint32_t n = c->h_nsel[ih];
+            if (n == UINT32_MAX)
+                return kvt__err(KVT_EINTERNAL, "step: the saved top-K set outgrew its store");
+            const uint32_t b = dense ? np : kvt__sel_bound(np, st->k[lh], st->sink[lh], st->local[lh]);
+            if (n > b)
+                return kvt__err(KVT_EINTERNAL, "step: sequence %u head %u selected %u pages, "
+                                "more than the bound %u", i, h, n, b);
+            st->sel_cnt[ih] = n;
+            /* The votes are the pages' importance (the host cache's
+             * eviction order and lookahead eviction), as on the CPU. */
+            if (!st->sel_rr[ih] || !np)
+                continue;
+            memcpy(s->imp + lh * s->cap_pages, c->h_vote + st->sel_off[ih],
+                   (size_t)np * sizeof(float));
+            /* The host keeps the top-K part too, as the CPU backend does:
+             * the trim after a prefill keeps those pages on device. */
+            const uint32_t k = st->k[lh], nk = c->h_nsel[items + ih];
+            if (s->topk && (k <= s->topk_cap || np <= s->topk_cap) && nk <= s->topk_cap) {
+                memcpy(s->topk + lh * s->topk_cap, c->h_blk + st->sel_off[ih],
+                       (size_t)nk * sizeof(uint32_t));
+                s->topk_n[lh] = nk;
+            } else if (s->topk) {
+                s->topk_k[lh] = 0; /* the GPU's set is kept; the host's is not */
+            }
+        }
+    }
+    *sel = c->h_sel;
+    return 0;
+}
+
+int kvt__cuda_step_place(kvt_step *st, uint32_t layer, uint32_t *missing)
+{
+    kvt_pool *p = st->pool;
+    struct kvt__cuda *c = p->cu;
+    const uint32_t H = st->H;
+    int rc = kvt__cu_set_device(c->device);
+    if (!rc)
+        rc = kvt__tab_flush(p, st->seqs, st->n, layer, layer + 1u, c->sst);
+    if (!rc)
+        rc = kvt__guard_wait(&c->g_cl);
+    if (rc)
+        return rc;
+    uint32_t miss = 0, nc = 0;
+    for (uint32_t i = 0; i < st->n; i++) {
+        const kvt__seq *s = st->seqs[i];
+        for (uint32_t h = 0; h < H; h++) {
+            const size_t ih = (size_t)i * H + h;
+            const size_t base = kvt__lh(p, layer, h) * s->cap_pages;
+            const uint32_t off = st->sel_off[ih], n = st->sel_cnt[ih];
+            for (uint32_t j = 0; j < n; j++) {
+                const uint32_t blk = s->dev_block[base + c->h_sel[off + j]];
+                miss += blk == 0; /* block 0 is the zeroed null block */
+                c->h_blk[off + j] = blk;
+            }
+            if (n)
+                c->h_cl[nc++] = (kvt__cu_copy){(uint64_t)(uintptr_t)(c->h_blk + off),
+                                               (uint64_t)(uintptr_t)(c->d_blocks + off),
+                                               (uint64_t)n * 4u};
+        }
+    }
+    if (nc && ((rc = kvt__cu_copy_kernel(c->h_cl, nc, 0, 0, c->sst)) ||
+               (rc = kvt__guard_set(&c->g_cl, c->sst))))
+        return rc;
+    *missing = miss;
+    return rc;
+}
+
+/* ---- the tier mover's copies ---------------------------------------------- */
+
+int kvt__cuda_mv_stream(const kvt_pool *p, void **stream)
+{
+    int rc = kvt__cu_set_device(p->cu->device);
+    if (rc) {
+        *stream = NULL;
+        return rc;
+    }
+    return kvt__cu_stream_create(stream, 1);
+}
+
+void kvt__cuda_mv_stream_free(void *stream)
+{
+    kvt__cu_stream_destroy(stream);
+}
+
+int kvt__cuda_mv_mark(kvt_pool *p, void **event)
+{
+    struct kvt__cuda *c = p->cu;
+    int rc = kvt__cu_set_device(c->device);
+    if (!rc)
+        rc = kvt__cu_event_create(event);
+    if (rc)
+        return rc;
+    /* Inside a step: after the step's work queued so far. Between steps:
+     * after the last step's work (prefills have finished already). */
+    if (!c->sst && c->done_pending)
+        rc = kvt__cu_stream_wait_event(c->stream, c->done);
+    if (!rc)
+        rc = kvt__cu_event_record(*event, c->sst ? c->sst : c->stream);
+    if (rc) {
+        kvt__cu_event_destroy(*event);
+        *event = NULL;
+    }
+    return rc;
+}
+
+void kvt__cuda_mv_event_free(void *event)
+{
+    kvt__cu_event_destroy(event);
+}
+
+int kvt__cuda_mv_copy(const kvt_pool *p, void *stream, void *after, void *dst, const void *src,
+                      size_t n)
+{
+    int rc = kvt__cu_set_device(p->cu->device);
+    if (!rc && after)
+        rc = kvt__cu_stream_wait_event(stream, after);
+    const kvt__cu_copy cp = {(uint64_t)(uintptr_t)src, (uint64_t)(uintptr_t)dst, n};
+    return rc ? rc : kvt__cu_copy_memcpy(&cp, 1, stream);
+}
+
+int kvt__cuda_mv_sync(const kvt_pool *p, void *stream)
+{
+    (void)p;
+    return kvt__cu_stream_sync(stream);
 }

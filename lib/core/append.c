@@ -145,9 +145,9 @@ KVT_API int kvt_seq_append(kvt_pool *pool, kvt_seq_id seq, uint32_t layer, const
             return rc;
         }
         s->n_tokens[layer] = end;
-        return 0;
+    } else {
+        kvt__append_checked(pool, s, layer, k, v, n_tokens, src_dtype, token_stride);
     }
-    kvt__append_checked(pool, s, layer, k, v, n_tokens, src_dtype, token_stride);
     if (pool->pol) {
         /* Tiered pool: stable heads' full pages go out once, now, and their
          * device copies leave unless forced or selected. A failed copy-out

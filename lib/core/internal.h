@@ -161,12 +161,37 @@ KVT__HIDDEN int kvt__cuda_step_append(struct kvt_step *st, uint32_t layer, const
                                       const void *v, kvt_dtype src_dtype, uint64_t seq_stride,
                                       const uint32_t *cur);
 KVT__HIDDEN int kvt__cuda_step_select(struct kvt_step *st, uint32_t layer, const float *q);
+/* skip (may be NULL): sequences skip[i] != 0 are left out (their output
+ * rows zeros, lse -infinity). */
 KVT__HIDDEN int kvt__cuda_step_decode(struct kvt_step *st, uint32_t layer, const float *q,
-                                      float *out, float *lse);
+                                      float *out, float *lse, const uint8_t *skip);
 /* The selection of (sequence, head) ih of the current layer (waits). */
 KVT__HIDDEN int kvt__cuda_step_selection(const struct kvt_step *st, size_t ih, uint32_t *pages,
                                          uint32_t capacity, uint32_t *n_pages);
 KVT__HIDDEN int kvt__cuda_step_finish(struct kvt_step *st);
+/* Pools with a host or disk tier (tiered CUDA pools): the selection of the
+ * layer just launched comes back to the host (one event wait), with the
+ * votes of reranked heads as the pages' importance. Returns the host copy
+ * of the selection in *sel (indexed by st->sel_off, counts in
+ * st->sel_cnt). */
+KVT__HIDDEN int kvt__cuda_step_fetch(struct kvt_step *st, uint32_t layer, const uint32_t **sel);
+/* Before the decode, once the layer's promotions have landed: syncs the
+ * layer's changed table entries to the GPU and uploads the decode's block
+ * list from the host tables. *missing: selected pages without a device
+ * copy (they read as zeros; the decode reports them). */
+KVT__HIDDEN int kvt__cuda_step_place(struct kvt_step *st, uint32_t layer, uint32_t *missing);
+/* The tier mover's side: each copy thread (and the I/O thread) has its own
+ * low-priority stream; a batch touching the device tier carries an event
+ * recorded on the host thread at submit time (after the kernels that wrote
+ * or read its blocks), which the copies wait for on the GPU. */
+KVT__HIDDEN int kvt__cuda_mv_stream(const struct kvt_pool *p, void **stream);
+KVT__HIDDEN void kvt__cuda_mv_stream_free(void *stream);
+KVT__HIDDEN int kvt__cuda_mv_mark(struct kvt_pool *p, void **event);
+KVT__HIDDEN void kvt__cuda_mv_event_free(void *event);
+/* Queues a copy of n bytes (either side device memory) after `after`. */
+KVT__HIDDEN int kvt__cuda_mv_copy(const struct kvt_pool *p, void *stream, void *after, void *dst,
+                                  const void *src, size_t n);
+KVT__HIDDEN int kvt__cuda_mv_sync(const struct kvt_pool *p, void *stream);
 
 
 /* ---- worker threads (threads.c) ------------------------------------------ */
@@ -267,6 +292,10 @@ typedef struct kvt__seq {
      * (0 = not uploaded). */
     uint64_t cu_off;
     uint32_t cu_cap;
+    /* ... and the entries of the device table changed on the host since the
+     * copy was last synced, per (layer, head) [L * H]: pages cu_lo..cu_hi
+     * (cu_lo > cu_hi = none). NULL on the CPU backend. */
+    uint32_t *cu_lo, *cu_hi;
 } kvt__seq;
 
 /* Internal residency bit: a move of the page is in flight (never reported). */
@@ -334,6 +363,14 @@ KVT__HIDDEN bool kvt__stable(const kvt_pool *p, size_t lh);
 /* Records that the device table entry (s, lh, page) changed in this step. */
 static inline void kvt__dirty(const kvt_pool *p, kvt__seq *s, size_t lh, uint32_t page)
 {
+    if (s->cu_lo) { /* CUDA: the GPU's table copy catches up at its next use */
+        if (s->cu_lo[lh] > s->cu_hi[lh])
+            s->cu_lo[lh] = s->cu_hi[lh] = page;
+        else if (page < s->cu_lo[lh])
+            s->cu_lo[lh] = page;
+        else if (page > s->cu_hi[lh])
+            s->cu_hi[lh] = page;
+    }
     if (!s->dstamp)
         return;
     if (s->dstamp[lh] != p->step_id) {
@@ -358,6 +395,11 @@ static inline bool kvt__forced(uint32_t pg, uint32_t np, uint32_t tokens, uint32
 static inline bool kvt__has_tier(const kvt_pool *p, uint32_t t)
 {
     return t == KVT_TIER_DISK ? p->disk != NULL : p->tier[t].base != NULL;
+}
+/* A CUDA pool with a host or disk tier: placement runs on the host. */
+static inline bool kvt__cuda_lower(const kvt_pool *p)
+{
+    return p->cu && (p->tier[KVT_TIER_HOST].base || p->disk);
 }
 
 /* Looks up a live sequence; KVT_ENOENT for unknown or released ids. */

@@ -123,16 +123,6 @@ static int kvt__validate_opts(const kvt_pool_opts *o, kvt_pool *p)
             return kvt__err(KVT_EINVAL, "opts->host_bytes: the disk tier needs a host tier "
                             "(the host tier is the cache over the disk)");
     }
-    /* Before any tier is mapped or the disk file created. */
-    if (o->backend == KVT_BACKEND_CUDA && kvt__cuda_built()) {
-        if (o->host_bytes || o->disk_bytes)
-            return kvt__err(KVT_ENOTSUP, "opts->%s: the CUDA backend serves pools with a "
-                            "device tier only in this release",
-                            o->host_bytes ? "host_bytes" : "disk_bytes");
-        if (o->policy)
-            return kvt__err(KVT_ENOTSUP, "opts->policy: tiered placement on the CUDA backend "
-                            "is not built yet");
-    }
     return 0;
 }
 

@@ -61,6 +61,8 @@ void kvt__seq_fini(kvt__seq *s)
     free(s->dlo);
     free(s->dhi);
     free(s->dstamp);
+    free(s->cu_lo);
+    free(s->cu_hi);
     uint32_t gen = s->gen;
     memset(s, 0, sizeof *s);
     s->gen = gen;

@@ -100,6 +100,13 @@ void kvt__wake_locked(kvt_mover *m)
     }
 }
 
+static void kvt__batch_free(kvt__batch *b)
+{
+    if (b && b->cu_ev)
+        kvt__cuda_mv_event_free(b->cu_ev);
+    free(b);
+}
+
 static kvt__op *kvt__q_pop(kvt__op **head, kvt__op **tail)
 {
     kvt__op *op = *head;
@@ -128,6 +135,7 @@ static void *kvt__copy_thread(void *arg)
     kvt_pool *p = m->pool;
     const uint32_t chunk = m->o.chunk_pages;
     kvt__op *mine[64];
+    void *cs = NULL; /* CUDA stream of this thread, created at its first device copy */
     pthread_mutex_lock(&m->mu);
     for (;;) {
         while (!m->cq_head[0] && !m->cq_head[1] && !m->stop)
@@ -141,15 +149,38 @@ static void *kvt__copy_thread(void *arg)
         while (n < cap && m->cq_head[q])
             mine[n++] = kvt__q_pop(&m->cq_head[q], &m->cq_tail[q]);
         pthread_mutex_unlock(&m->mu);
+        /* CUDA pools: copies touching the device tier go through this
+         * thread's low-priority stream, after their batch's event, and are
+         * complete when the stream is. */
+        int cerr = 0;
+        bool queued = false;
         for (uint32_t i = 0; i < n; i++) {
             kvt__op *op = mine[i];
-            memcpy(kvt__blk(p, op->dst_tier, op->dst_blk), kvt__blk(p, op->src_tier, op->src_blk),
-                   (size_t)p->block_bytes);
+            void *dst = kvt__blk(p, op->dst_tier, op->dst_blk);
+            const void *src = kvt__blk(p, op->src_tier, op->src_blk);
+            if (!op->batch->cu_ev) {
+                memcpy(dst, src, (size_t)p->block_bytes);
+                continue;
+            }
+            if (!cerr && !cs)
+                cerr = kvt__cuda_mv_stream(p, &cs);
+            if (!cerr)
+                cerr = kvt__cuda_mv_copy(p, cs, op->batch->cu_ev, dst, src, (size_t)p->block_bytes);
+            queued = true;
         }
+        if (queued && !cerr)
+            cerr = kvt__cuda_mv_sync(p, cs);
+        char cmsg[160] = "";
+        if (cerr)
+            snprintf(cmsg, sizeof cmsg, "%s", kvt_last_error());
         pthread_mutex_lock(&m->mu);
         bool io = false;
         for (uint32_t i = 0; i < n; i++) {
             kvt__op *op = mine[i];
+            if (cerr && op->batch->cu_ev) {
+                kvt__op_finish_locked(m, op, cerr, "device copy: %s", cmsg);
+                continue;
+            }
             if (op->iflags & KVT__OPF_CHAIN) {
                 /* Second hop: the host copy is written to the disk by the
                  * I/O thread; the move finishes when that write does. */
@@ -167,6 +198,7 @@ static void *kvt__copy_thread(void *arg)
         kvt__wake_locked(m);
     }
     pthread_mutex_unlock(&m->mu);
+    kvt__cuda_mv_stream_free(cs);
     return NULL;
 }
 
@@ -249,7 +281,7 @@ void kvt__mover_destroy(kvt_mover *m)
     }
     for (kvt__batch *b = m->batches, *nx; b; b = nx) {
         nx = b->next;
-        free(b);
+        kvt__batch_free(b);
     }
     free(m->copy_th);
     free(m->evict_scratch);
@@ -368,7 +400,7 @@ static void kvt__apply_op(kvt_mover *m, kvt__op *op)
                 *pp = b->next;
                 if (m->batches_tail == &b->next)
                     m->batches_tail = pp;
-                free(b);
+                kvt__batch_free(b);
             }
         }
     }
@@ -691,6 +723,19 @@ int kvt__mover_submit(kvt_mover *m, const kvt_move *moves, uint32_t n, uint32_t 
             return kvt__err(KVT_ENOMEM, "kvt_mover_submit: cannot allocate the I/O order");
         }
     }
+    /* CUDA pools: the moves that read or write device blocks start on the
+     * GPU after the work queued so far (appends that wrote the pages,
+     * decodes that read a block now handed over). */
+    bool dev_io = false;
+    for (uint32_t i = 0; i < n && p->cu && !dev_io; i++)
+        dev_io = b->ops[i].kind != KVT__OP_NOP &&
+                 (b->ops[i].from == KVT_TIER_DEVICE || b->ops[i].to == KVT_TIER_DEVICE);
+    if (dev_io && (rc = kvt__cuda_mv_mark(p, &b->cu_ev))) {
+        free(io);
+        kvt__unbusy(p, b, n);
+        free(b);
+        return rc;
+    }
     b->fence = m->next_fence++;
     *m->batches_tail = b;
     m->batches_tail = &b->next;
@@ -759,7 +804,7 @@ static int kvt__fence_state(kvt_mover *m, kvt_fence fence, int *code)
         *pp = b->next;
         if (m->batches_tail == &b->next)
             m->batches_tail = pp;
-        free(b);
+        kvt__batch_free(b);
     } else {
         for (kvt__batch *b = m->batches; b; b = b->next)
             if (b->n_done < b->n)
@@ -779,7 +824,7 @@ static int kvt__fence_state(kvt_mover *m, kvt_fence fence, int *code)
                 memcpy(msg, b->msg, sizeof msg);
             }
             *pp = b->next;
-            free(b);
+            kvt__batch_free(b);
         }
         m->batches_tail = pp;
     }

@@ -372,6 +372,9 @@ KVT_API int kvt_seq_warmup(kvt_pool *pool, kvt_seq_id seq, const float *obs_quer
     if (pool->step && kvt__step_is_open(pool->step))
         return kvt__err(KVT_ESTATE, "pool: a step is open; warm up before kvt_step_plan or "
                         "after kvt_step_finish");
+    if (pool->cu)
+        return kvt__err(KVT_ENOTSUP, "pool: kvt_seq_warmup is not built for the CUDA backend "
+                        "(it scores on the host; the metadata is in GPU memory)");
     const kvt_policy *pol = pool->pol;
     const uint32_t L = pool->g.n_layers, H = pool->g.n_kv_heads, P = pool->g.page_tokens;
     const uint32_t Hq = pool->g.n_q_heads, G = Hq / H, D = pool->g.head_dim;

@@ -97,6 +97,7 @@ typedef struct kvt__batch {
     bool detached;             /* KVT__OPF_DETACH */
     bool owned;                /* KVT__OPF_OWNED */
     int32_t *results;
+    void *cu_ev;               /* CUDA pools: the batch's device-side start (kvt__cuda_mv_mark) */
     char msg[192];             /* the first failure, in words */
     kvt__op ops[];
 } kvt__batch;
@@ -158,6 +159,7 @@ struct kvt_mover {
     uint32_t n_free_units;
     kvt__iou **prep;                    /* [n_units] to (re)submit */
     kvt__iou **done_units;              /* [n_units] completed, not yet checked */
+    void *io_cs;                        /* CUDA pools: the I/O thread's stream */
     /* Caller-thread state. */
     kvt__batch *batches;
     kvt__batch **batches_tail;

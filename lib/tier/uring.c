@@ -3,6 +3,7 @@
  * request, short transfers continued, -EAGAIN/-EINTR retried, every read
  * checked against the page's CRC32C before its bytes are used. */
 #include <errno.h>
+#include <stdio.h>
 #include <liburing.h>
 #include <stdlib.h>
 #include <string.h>
@@ -148,17 +149,46 @@ int kvt__mover_fault(kvt_mover *m, bool write, uint32_t kind, uint64_t nth)
 }
 #endif
 
+/* A copy between a staging buffer and a block: through the I/O thread's
+ * CUDA stream when the block is in a CUDA pool's device tier (queued after
+ * the batch's event; kvt__cuda_mv_sync completes it), else memcpy. */
+static int kvt__stage_copy(kvt_mover *m, const kvt__op *op, uint32_t tier, void *dst,
+                           const void *src, bool *queued)
+{
+    const kvt_pool *p = m->pool;
+    if (tier != KVT_TIER_DEVICE || !op->batch->cu_ev) {
+        memcpy(dst, src, p->disk->block_bytes);
+        return 0;
+    }
+    int rc = m->io_cs ? 0 : kvt__cuda_mv_stream(p, &m->io_cs);
+    if (!rc)
+        rc = kvt__cuda_mv_copy(p, m->io_cs, op->batch->cu_ev, dst, src, p->disk->block_bytes);
+    *queued = true;
+    return rc;
+}
+
 /* Fills a write's staging buffer from the source blocks and records each
- * page's CRC, computed on the bytes that go to disk. */
-static void kvt__stage_write(kvt_mover *m, kvt__iou *u)
+ * page's CRC, computed on the bytes that go to disk. Returns a CUDA error
+ * (the request is not written). */
+static int kvt__stage_write(kvt_mover *m, kvt__iou *u)
 {
     const kvt_pool *p = m->pool;
     const kvt__disk *d = p->disk;
     uint8_t *buf = kvt__unit_buf(m, u);
+    bool queued = false;
+    int rc = 0;
+    for (uint32_t i = 0; i < u->n_ops && !rc; i++) {
+        const kvt__op *op = u->ops[i];
+        rc = kvt__stage_copy(m, op, op->src_tier, buf + (size_t)i * d->slot_bytes,
+                             kvt__arena_block(&p->tier[op->src_tier], op->src_blk), &queued);
+    }
+    if (!rc && queued)
+        rc = kvt__cuda_mv_sync(p, m->io_cs);
+    if (rc)
+        return rc;
     for (uint32_t i = 0; i < u->n_ops; i++) {
         kvt__op *op = u->ops[i];
         uint8_t *dst = buf + (size_t)i * d->slot_bytes;
-        memcpy(dst, kvt__arena_block(&p->tier[op->src_tier], op->src_blk), d->block_bytes);
         if (d->slot_bytes > d->block_bytes)
             memset(dst + d->block_bytes, 0, d->slot_bytes - d->block_bytes);
         op->crc = kvt__crc32c(0, dst, d->block_bytes);
@@ -167,6 +197,7 @@ static void kvt__stage_write(kvt_mover *m, kvt__iou *u)
         buf[d->block_bytes / 3] ^= 0x5a; /* media corruption after the CRC */
         u->fault = KVT__FAULT_NONE;
     }
+    return 0;
 }
 
 static void kvt__prep(kvt_mover *m, kvt__iou *u)
@@ -208,23 +239,30 @@ static void kvt__unit_done(kvt_mover *m, kvt__iou *u, int32_t code, int err)
     int32_t st[64];
     uint8_t *buf = kvt__unit_buf(m, u);
     /* Verify outside the lock; pages are independent. */
+    bool queued = false;
+    int cerr = 0;
+    char cmsg[160] = "";
     for (uint32_t i = 0; i < u->n_ops && !code; i++) {
         kvt__op *op = u->ops[i];
         int32_t s = 0;
         if (!u->write) {
             const uint8_t *src = buf + (size_t)i * d->slot_bytes;
-            if (kvt__crc32c(0, src, d->block_bytes) != op->crc) {
+            if (kvt__crc32c(0, src, d->block_bytes) != op->crc)
                 s = KVT_ECORRUPT;
-            } else {
-                memcpy(kvt__arena_block(&p->tier[op->dst_tier], op->dst_blk), src,
-                       d->block_bytes);
-            }
+            else if (!cerr)
+                cerr = kvt__stage_copy(m, op, op->dst_tier,
+                                       kvt__arena_block(&p->tier[op->dst_tier], op->dst_blk),
+                                       src, &queued);
         }
         if (i < 64)
             st[i] = s;
         else
             op->status = s;
     }
+    if (queued && !cerr) /* the staging buffer is reused once the copies are done */
+        cerr = kvt__cuda_mv_sync(p, m->io_cs);
+    if (cerr)
+        snprintf(cmsg, sizeof cmsg, "%s", kvt_last_error());
     pthread_mutex_lock(&m->mu);
     if (u->write) {
         m->disk_writes++;
@@ -241,7 +279,10 @@ static void kvt__unit_done(kvt_mover *m, kvt__iou *u, int32_t code, int err)
             continue;
         }
         int32_t s = i < 64 ? st[i] : op->status;
-        if (s == KVT_ECORRUPT) {
+        if (cerr && s == 0 && !u->write) {
+            kvt__op_finish_locked(m, op, cerr, "disk read of slot %llu: the copy to the device "
+                                  "failed: %s", (unsigned long long)op->dslot, cmsg);
+        } else if (s == KVT_ECORRUPT) {
             m->checksum_errors++;
             kvt__op_finish_locked(m, op, s, "disk read of slot %llu: CRC32C mismatch (the "
                                   "page's data is not used)", (unsigned long long)op->dslot);
@@ -254,6 +295,21 @@ static void kvt__unit_done(kvt_mover *m, kvt__iou *u, int32_t code, int err)
     pthread_mutex_unlock(&m->mu);
 }
 
+/* A write whose staging copy from the device failed: its moves fail, the
+ * disk is not touched. */
+static void kvt__stage_fail(kvt_mover *m, kvt__iou *u)
+{
+    char msg[160];
+    snprintf(msg, sizeof msg, "%s", kvt_last_error());
+    pthread_mutex_lock(&m->mu);
+    for (uint32_t i = 0; i < u->n_ops; i++)
+        kvt__op_finish_locked(m, u->ops[i], KVT_EIO, "disk write of slot %llu: the copy from "
+                              "the device failed: %s", (unsigned long long)u->ops[i]->dslot, msg);
+    m->free_units[m->n_free_units++] = u->buf;
+    kvt__wake_locked(m);
+    pthread_mutex_unlock(&m->mu);
+}
+
 void *kvt__uring_thread(void *arg)
 {
     kvt_mover *m = arg;
@@ -261,7 +317,7 @@ void *kvt__uring_thread(void *arg)
     const kvt__disk *d = m->pool->disk;
     const uint32_t max_ops = m->stage_bytes / (uint32_t)d->slot_bytes;
     const uint32_t qd = m->o.queue_depth;
-    uint32_t inflight = 0, n_prep = 0, n_done = 0;
+    uint32_t inflight = 0, n_prep = 0, n_done = 0, n_fail = 0;
     kvt__iou **done = m->done_units;
 
     pthread_mutex_lock(&m->mu);
@@ -297,12 +353,16 @@ void *kvt__uring_thread(void *arg)
             kvt__iou *u = m->prep[i];
             if (u->done == 0 && u->retries == 0) {
                 u->fault = kvt__fault_draw(m, u->write);
-                if (u->write)
-                    kvt__stage_write(m, u);
+                if (u->write && kvt__stage_write(m, u)) {
+                    kvt__stage_fail(m, u);
+                    n_fail++;
+                    continue;
+                }
             }
             kvt__prep(m, u);
         }
-        inflight += n_prep;
+        inflight += n_prep - n_fail;
+        n_prep = n_fail = 0;
         n_prep = 0;
         int e;
         if (n_done) {
@@ -395,5 +455,7 @@ void *kvt__uring_thread(void *arg)
         pthread_mutex_lock(&m->mu);
     }
     pthread_mutex_unlock(&m->mu);
+    kvt__cuda_mv_stream_free(m->io_cs);
+    m->io_cs = NULL;
     return NULL;
 }

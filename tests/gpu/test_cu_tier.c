@@ -1,0 +1,480 @@
+/* Tiered pools on the CUDA backend against the CPU backend, through the
+ * public calls only.
+ *
+ * test_tiered_vs_cpu: the same policy (stable heads with a small budget and
+ * window, one unstable head per layer), selector, prompts and decode steps
+ * go to a CPU pool and a CUDA pool, each with a device tier too small for
+ * every page, a pinned host tier too small for the offloaded pages and a
+ * disk tier, so pages are offloaded (device -> host -> disk), the host
+ * cache drops pages to the disk, and reranks promote pages from host and
+ * disk into evicted pages' blocks. Checked at every layer of every step:
+ * every head's selection equal, the attention output and lse within 2e-5,
+ * and every page's device block and residency equal (the host decides the
+ * placement on both backends from the same selections and votes); after
+ * every step the placement counters equal and kvt_pool_check on both
+ * (which on CUDA compares the GPU's table copies with the host tables). At
+ * the end, every stored row bit for bit, from whichever tier holds it.
+ *
+ * test_moves_vs_cpu: a CUDA pool without a policy, with host and disk
+ * tiers: the same explicit mover batches (device -> host, host -> disk,
+ * disk -> device, device -> disk, dropping sources or not) on both pools,
+ * compared page by page; a decode over a page that lives only on the host
+ * is refused on CUDA (KVT_ESTATE, the CPU reads the host page in place)
+ * and equals the CPU once the page is back on the device.
+ *
+ * Exits 77 without a CUDA device; the -emu build runs it on the CPU
+ * emulation. */
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "testutil.h"
+#include "internal.h"
+#include "gputest.h"
+
+#define L 2u
+#define H 4u
+#define HQ 8u
+#define G (HQ / H)
+#define D 64u
+#define P 32u /* 8 KiB blocks of f16: one O_DIRECT slot */
+#define NS 3u
+#define STEPS 24u
+#define NLH (L * H)
+#define MAXPG 64u
+
+#define CU_OK(call)                                                                   \
+    do {                                                                              \
+        int rc_ = (call);                                                             \
+        if (rc_ != 0)                                                                 \
+            fail_msg("%s failed: %d (%s)", #call, rc_, kvt_last_error());             \
+    } while (0)
+
+static char g_dir[256];
+
+typedef struct {
+    kvt_pool *cpu, *gpu;
+    kvt_policy *pol;
+    kvt_selector *sel;
+    kvt_mover_opts mo;
+    kvt_seq_id ic[NS], ig[NS];
+    void *stream;
+    float *d_k, *d_v, *d_q, *d_out, *d_lse;
+    tu_rng r;
+} fx;
+
+static void *dev(size_t bytes)
+{
+    void *d;
+    CU_OK(kvt__cu_malloc(&d, bytes));
+    return d;
+}
+
+static void rand_rows(tu_rng *r, float *x, size_t n)
+{
+    for (size_t e = 0; e < n; e++)
+        x[e] = tu_unit(r);
+}
+
+static kvt_pool_opts opts_of(fx *f, kvt_backend b, uint64_t dev_blocks, uint64_t host_blocks,
+                             bool policy)
+{
+    TU_OK(kvt_mover_opts_init(&f->mo));
+    f->mo.extent_pages = 4;
+    f->mo.segment_extents = 2;
+    f->mo.max_io_bytes = 4 * 8192;
+    f->mo.copy_threads = 2;
+    kvt_pool_opts o = tu_opts(L, H, HQ, D, P, KVT_DTYPE_F16, dev_blocks, host_blocks);
+    o.backend = b;
+    o.n_threads = 2;
+    o.max_seqs = 8;
+    o.mover = &f->mo;
+    o.disk_dir = g_dir;
+    o.disk_bytes = 4096ull * 8192;
+    if (policy) {
+        o.policy = f->pol;
+        o.selector = f->sel;
+    }
+    return o;
+}
+
+/* Prefill of n tokens into sequence i of both pools. */
+static void prefill(fx *f, uint32_t i, uint32_t n)
+{
+    const size_t rows = (size_t)n * H * D;
+    float *k = malloc(rows * sizeof(float)), *v = malloc(rows * sizeof(float));
+    float *dk = dev(rows * sizeof(float)), *dv = dev(rows * sizeof(float));
+    for (uint32_t l = 0; l < L; l++) {
+        rand_rows(&f->r, k, rows);
+        rand_rows(&f->r, v, rows);
+        CU_OK(kvt__cu_memcpy(dk, k, rows * sizeof(float)));
+        CU_OK(kvt__cu_memcpy(dv, v, rows * sizeof(float)));
+        TU_OK(kvt_seq_append(f->cpu, f->ic[i], l, k, v, n, KVT_DTYPE_F32, 0));
+        TU_OK(kvt_seq_append(f->gpu, f->ig[i], l, dk, dv, n, KVT_DTYPE_F32, 0));
+    }
+    kvt__cu_free(dk);
+    kvt__cu_free(dv);
+    free(k);
+    free(v);
+}
+
+static void new_seq(fx *f, uint32_t i, uint32_t n)
+{
+    TU_OK(kvt_seq_create(f->cpu, NULL, &f->ic[i]));
+    TU_OK(kvt_seq_create(f->gpu, NULL, &f->ig[i]));
+    prefill(f, i, n);
+}
+
+/* Every stored row, bit for bit, from whichever tier holds it. */
+static void same_contents(const fx *f)
+{
+    for (uint32_t i = 0; i < NS; i++)
+        for (uint32_t l = 0; l < L; l++) {
+            uint32_t T, T2;
+            TU_OK(kvt_seq_length(f->cpu, f->ic[i], l, &T));
+            TU_OK(kvt_seq_length(f->gpu, f->ig[i], l, &T2));
+            assert_int_equal(T, T2);
+            uint16_t *a = malloc((size_t)T * D * 2 * 2), *b = malloc((size_t)T * D * 2 * 2);
+            for (uint32_t h = 0; h < H; h++) {
+                TU_OK(kvt_seq_read_kv(f->cpu, f->ic[i], l, h, 0, T, a, a + (size_t)T * D));
+                TU_OK(kvt_seq_read_kv(f->gpu, f->ig[i], l, h, 0, T, b, b + (size_t)T * D));
+                if (memcmp(a, b, (size_t)T * D * 2 * 2))
+                    fail_msg("seq %u layer %u head %u: stored K/V differ", i, l, h);
+            }
+            free(a);
+            free(b);
+        }
+}
+
+/* Device blocks and residency of every page of one layer, equal. */
+static void same_placement(const fx *f, uint32_t layer, const char *when)
+{
+    for (uint32_t i = 0; i < NS; i++) {
+        uint32_t T;
+        TU_OK(kvt_seq_length(f->cpu, f->ic[i], layer, &T));
+        const uint32_t np = (T + P - 1) / P;
+        assert_true(np <= MAXPG);
+        for (uint32_t h = 0; h < H; h++) {
+            uint32_t da[MAXPG], db[MAXPG];
+            uint8_t ra[MAXPG], rb[MAXPG];
+            TU_OK(kvt_seq_block_table(f->cpu, f->ic[i], layer, h, 0, np, da, NULL, ra));
+            TU_OK(kvt_seq_block_table(f->gpu, f->ig[i], layer, h, 0, np, db, NULL, rb));
+            for (uint32_t pg = 0; pg < np; pg++)
+                if (da[pg] != db[pg] || ra[pg] != rb[pg])
+                    fail_msg("%s: seq %u layer %u head %u page %u: CPU block %u res 0x%x, "
+                             "CUDA block %u res 0x%x", when, i, layer, h, pg, da[pg], ra[pg],
+                             db[pg], rb[pg]);
+        }
+    }
+}
+
+/* One layer's selections and outputs, equal; returns reranked heads. */
+static uint32_t compare_layer(kvt_step *sc, kvt_step *sg, uint32_t layer, const float *out_c,
+                              const float *lse_c, const fx *f)
+{
+    uint32_t reranked = 0;
+    for (uint32_t i = 0; i < NS; i++)
+        for (uint32_t h = 0; h < H; h++) {
+            uint32_t a[MAXPG], b[MAXPG], na, nb, ra, rb;
+            TU_OK(kvt_step_selection(sc, layer, i, h, a, MAXPG, &na, &ra));
+            TU_OK(kvt_step_selection(sg, layer, i, h, b, MAXPG, &nb, &rb));
+            assert_int_equal(ra, rb);
+            reranked += ra;
+            if (na != nb || memcmp(a, b, na * 4))
+                fail_msg("layer %u seq %u head %u: selections differ (%u vs %u pages)", layer,
+                         i, h, na, nb);
+        }
+    float *out = malloc(NS * HQ * D * sizeof(float)), lse[NS * HQ];
+    CU_OK(kvt__cu_stream_sync(f->stream));
+    CU_OK(kvt__cu_memcpy(out, f->d_out, NS * HQ * D * sizeof(float)));
+    CU_OK(kvt__cu_memcpy(lse, f->d_lse, sizeof lse));
+    for (size_t e = 0; e < (size_t)NS * HQ * D; e++)
+        if (!(fabsf(out[e] - out_c[e]) <= 2e-5f))
+            fail_msg("layer %u: out[%zu] CUDA %.9g CPU %.9g", layer, e, (double)out[e],
+                     (double)out_c[e]);
+    for (size_t e = 0; e < (size_t)NS * HQ; e++)
+        if (!(fabsf(lse[e] - lse_c[e]) <= 2e-5f * (1.0f + fabsf(lse_c[e]))))
+            fail_msg("layer %u: lse[%zu] CUDA %.9g CPU %.9g", layer, e, (double)lse[e],
+                     (double)lse_c[e]);
+    free(out);
+    return reranked;
+}
+
+static kvt_stats stats_of(const kvt_pool *p)
+{
+    kvt_stats s;
+    memset(&s, 0, sizeof s);
+    s.struct_size = sizeof s;
+    TU_OK(kvt_pool_stats(p, &s));
+    return s;
+}
+
+static void same_stats(const fx *f, uint32_t step)
+{
+    const kvt_stats a = stats_of(f->cpu), b = stats_of(f->gpu);
+    const uint64_t va[] = {a.sel_pages, a.sel_resident, a.promoted_pages, a.recycled_blocks,
+                           a.evicted_pages, a.offloaded_pages, a.reranked_heads,
+                           a.tier[0].pages, a.tier[1].pages, a.tier[2].pages};
+    const uint64_t vb[] = {b.sel_pages, b.sel_resident, b.promoted_pages, b.recycled_blocks,
+                           b.evicted_pages, b.offloaded_pages, b.reranked_heads,
+                           b.tier[0].pages, b.tier[1].pages, b.tier[2].pages};
+    for (size_t j = 0; j < sizeof va / sizeof va[0]; j++)
+        if (va[j] != vb[j])
+            fail_msg("step %u: placement counter %zu: CPU %llu CUDA %llu", step, j,
+                     (unsigned long long)va[j], (unsigned long long)vb[j]);
+}
+
+static void fx_buffers(fx *f)
+{
+    CU_OK(kvt__cu_stream_create(&f->stream, 0));
+    f->d_k = dev(NS * H * D * sizeof(float));
+    f->d_v = dev(NS * H * D * sizeof(float));
+    f->d_q = dev(NS * HQ * D * sizeof(float));
+    f->d_out = dev(NS * HQ * D * sizeof(float));
+    f->d_lse = dev(NS * HQ * sizeof(float));
+}
+
+static void fx_free(fx *f)
+{
+    void *d[] = {f->d_k, f->d_v, f->d_q, f->d_out, f->d_lse};
+    for (size_t i = 0; i < sizeof d / sizeof d[0]; i++)
+        kvt__cu_free(d[i]);
+    kvt__cu_stream_destroy(f->stream);
+    kvt_pool_destroy(f->cpu);
+    kvt_pool_destroy(f->gpu);
+    kvt_policy_destroy(f->pol);
+    kvt_selector_destroy(f->sel);
+}
+
+/* One step on both pools, every layer compared; moves settle at the end so
+ * both pools start the next step from the same state. */
+static void run_step(fx *f, uint32_t step, uint32_t *reranked)
+{
+    kvt_step_opts so = KVT_STEP_OPTS_INIT;
+    so.selector = f->sel;
+    kvt_step_opts sgo = so;
+    sgo.stream = f->stream;
+    kvt_step *sc, *sg;
+    TU_OK(kvt_step_plan(f->cpu, f->ic, NS, &so, &sc));
+    TU_OK(kvt_step_plan(f->gpu, f->ig, NS, &sgo, &sg));
+    float k[NS * H * D], v[NS * H * D], q[NS * HQ * D], out[NS * HQ * D], lse[NS * HQ];
+    for (uint32_t l = 0; l < L; l++) {
+        rand_rows(&f->r, k, NS * H * D);
+        rand_rows(&f->r, v, NS * H * D);
+        rand_rows(&f->r, q, NS * HQ * D);
+        CU_OK(kvt__cu_memcpy(f->d_k, k, sizeof k));
+        CU_OK(kvt__cu_memcpy(f->d_v, v, sizeof v));
+        CU_OK(kvt__cu_memcpy(f->d_q, q, sizeof q));
+        TU_OK(kvt_append(sc, l, k, v, KVT_DTYPE_F32, 0));
+        TU_OK(kvt_append(sg, l, f->d_k, f->d_v, KVT_DTYPE_F32, 0));
+        TU_OK(kvt_rerank_recycle(sc, l, q));
+        TU_OK(kvt_sparse_decode(sc, l, q, out, lse));
+        TU_OK(kvt_rerank_recycle(sg, l, f->d_q));
+        TU_OK(kvt_sparse_decode(sg, l, f->d_q, f->d_out, f->d_lse));
+        *reranked += compare_layer(sc, sg, l, out, lse, f);
+        same_placement(f, l, "after the decode");
+    }
+    TU_OK(kvt_step_finish(sc));
+    TU_OK(kvt_step_finish(sg));
+    kvt_mover *mc, *mg;
+    TU_OK(kvt_pool_mover(f->cpu, &mc));
+    TU_OK(kvt_pool_mover(f->gpu, &mg));
+    TU_OK(kvt_mover_wait(mc, KVT_FENCE_ALL, UINT64_MAX));
+    TU_OK(kvt_mover_wait(mg, KVT_FENCE_ALL, UINT64_MAX));
+    for (uint32_t l = 0; l < L; l++)
+        same_placement(f, l, "after the step");
+    same_stats(f, step);
+    TU_CHECK(f->cpu);
+    TU_CHECK(f->gpu);
+}
+
+static void test_tiered_vs_cpu(void **state)
+{
+    (void)state;
+    fx f;
+    memset(&f, 0, sizeof f);
+    f.r = (tu_rng){0x7133edull};
+    kvt_geometry g = {L, H, HQ, D, P, KVT_DTYPE_F16, {0, 0}};
+    kvt_head_class cls[NLH];
+    uint32_t k[NLH], w[NLH], sink[NLH], local[NLH], iv[NLH];
+    for (uint32_t b = 0; b < NLH; b++) {
+        cls[b] = b % H == 3 ? KVT_HEAD_UNSTABLE : KVT_HEAD_STABLE;
+        k[b] = 3 + b % 2;
+        w[b] = 2;
+        sink[b] = 1;
+        local[b] = 1;
+        iv[b] = b % H == 3 ? 1 : 2 + b % 3;
+    }
+    kvt_policy_heads hd = {sizeof hd, NLH, cls, k, w, sink, local, iv};
+    TU_OK(kvt_policy_create_heads(&f.pol, &g, NULL, &hd));
+    kvt_selector_opts so = KVT_SELECTOR_OPTS_INIT;
+    TU_OK(kvt_selector_create(&f.sel, &g, &so));
+    /* Device: the unstable heads' pages and about a dozen per stable head;
+     * host: fewer blocks than the stable heads' offloaded pages. */
+    kvt_pool_opts oc = opts_of(&f, KVT_BACKEND_CPU, 420, 150, true);
+    kvt_pool_opts og = opts_of(&f, KVT_BACKEND_CUDA, 420, 150, true);
+    TU_OK(kvt_pool_create(&f.cpu, &oc));
+    TU_OK(kvt_pool_create(&f.gpu, &og));
+    assert_int_equal(stats_of(f.gpu).backend, KVT_BACKEND_CUDA);
+    fx_buffers(&f);
+    new_seq(&f, 0, 300);
+    new_seq(&f, 1, 530);
+    new_seq(&f, 2, 700);
+    for (uint32_t l = 0; l < L; l++)
+        same_placement(&f, l, "after the prefill");
+    uint32_t reranked = 0;
+    for (uint32_t step = 0; step < STEPS; step++) {
+        if (step == 9) { /* a sequence leaves, another takes its slot */
+            TU_OK(kvt_seq_release(f.cpu, f.ic[1]));
+            TU_OK(kvt_seq_release(f.gpu, f.ig[1]));
+            TU_OK(kvt_seq_create(f.cpu, NULL, &f.ic[1]));
+            TU_OK(kvt_seq_create(f.gpu, NULL, &f.ig[1]));
+            prefill(&f, 1, 450);
+        }
+        if (step == 15) /* a prefill chunk between steps */
+            prefill(&f, 0, 200);
+        run_step(&f, step, &reranked);
+    }
+    const kvt_stats st = stats_of(f.gpu);
+    printf("# %u reranked heads over %u steps; CUDA pool: %llu promoted (%llu into recycled "
+           "blocks), %llu evicted, %llu offloaded, %llu disk reads\n",
+           reranked, STEPS, (unsigned long long)st.promoted_pages,
+           (unsigned long long)st.recycled_blocks, (unsigned long long)st.evicted_pages,
+           (unsigned long long)st.offloaded_pages,
+           (unsigned long long)st.moved_requests[KVT_DIR_DISK_TO_HOST]);
+    /* The run exercised what it is meant to: promotions into recycled
+     * blocks, and pages that came back from the disk. */
+    assert_true(st.recycled_blocks > 0);
+    assert_true(st.promoted_pages > st.recycled_blocks / 2);
+    assert_true(st.moved_requests[KVT_DIR_DISK_TO_HOST] > 0);
+    same_contents(&f);
+
+    /* What a tiered CUDA pool refuses: the warm-up scores on the host. */
+    float obs[L * HQ * D] = {0};
+    TU_EXPECT_ERR(kvt_seq_warmup(f.gpu, f.ig[0], obs, 1), KVT_ENOTSUP, "kvt_seq_warmup");
+    fx_free(&f);
+}
+
+static void move_both(fx *f, const kvt_move *mc, uint32_t n)
+{
+    kvt_move mg[16];
+    assert_true(n <= 16);
+    int32_t rc_c[16], rc_g[16];
+    for (uint32_t j = 0; j < n; j++) {
+        mg[j] = mc[j];
+        for (uint32_t i = 0; i < NS; i++)
+            if (mc[j].seq == f->ic[i])
+                mg[j].seq = f->ig[i];
+    }
+    kvt_mover *m1, *m2;
+    kvt_fence f1, f2;
+    TU_OK(kvt_pool_mover(f->cpu, &m1));
+    TU_OK(kvt_pool_mover(f->gpu, &m2));
+    TU_OK(kvt_mover_submit(m1, mc, n, 0, rc_c, &f1));
+    TU_OK(kvt_mover_submit(m2, mg, n, 0, rc_g, &f2));
+    TU_OK(kvt_mover_wait(m1, f1, UINT64_MAX));
+    TU_OK(kvt_mover_wait(m2, f2, UINT64_MAX));
+    for (uint32_t j = 0; j < n; j++) {
+        assert_int_equal(rc_c[j], 0);
+        assert_int_equal(rc_g[j], 0);
+    }
+    for (uint32_t l = 0; l < L; l++)
+        same_placement(f, l, "after a batch of moves");
+    same_contents(f);
+    TU_CHECK(f->cpu);
+    TU_CHECK(f->gpu);
+}
+
+static void test_moves_vs_cpu(void **state)
+{
+    (void)state;
+    fx f;
+    memset(&f, 0, sizeof f);
+    f.r = (tu_rng){0x30e5ull};
+    kvt_geometry g = {L, H, HQ, D, P, KVT_DTYPE_F16, {0, 0}};
+    kvt_selector_opts so = KVT_SELECTOR_OPTS_INIT;
+    so.top_k_pages = 2;
+    so.sink_pages = 1;
+    so.local_pages = 1;
+    TU_OK(kvt_selector_create(&f.sel, &g, &so));
+    kvt_pool_opts oc = opts_of(&f, KVT_BACKEND_CPU, 400, 64, false);
+    kvt_pool_opts og = opts_of(&f, KVT_BACKEND_CUDA, 400, 64, false);
+    TU_OK(kvt_pool_create(&f.cpu, &oc));
+    TU_OK(kvt_pool_create(&f.gpu, &og));
+    fx_buffers(&f);
+    for (uint32_t i = 0; i < NS; i++)
+        new_seq(&f, i, 200 + 90 * i);
+    const kvt_seq_id s0 = f.ic[0], s1 = f.ic[1];
+    const uint32_t DV = KVT_TIER_DEVICE, HO = KVT_TIER_HOST, DI = KVT_TIER_DISK;
+    const uint32_t DROP = KVT_MOVE_DROP_SOURCE;
+    /* Out of the device (kept, then dropped), host to disk, back. */
+    const kvt_move b1[] = {{s0, 0, 1, 2, DV, HO, 0},    {s0, 0, 1, 3, DV, HO, DROP},
+                           {s0, 1, 2, 4, DV, HO, DROP}, {s1, 1, 0, 1, DV, DI, DROP},
+                           {s1, 0, 3, 5, DV, DI, 0},    {s1, 1, 3, 2, DV, HO, DROP}};
+    move_both(&f, b1, 6);
+    const kvt_move b2[] = {{s0, 0, 1, 3, HO, DI, DROP}, {s0, 1, 2, 4, HO, DI, 0},
+                           {s1, 1, 0, 1, DI, DV, DROP}};
+    move_both(&f, b2, 3);
+    const kvt_move b3[] = {{s0, 0, 1, 3, DI, DV, 0}, {s0, 1, 2, 4, DI, HO, 0}};
+    move_both(&f, b3, 2);
+
+    /* A dense decode of layer 1: page 4 of s0 head 2 and page 2 of s1 head
+     * 3 live on the host only. The CPU reads them in place; CUDA refuses
+     * (the output is not the attention) until they are back. */
+    kvt_step_opts sc_o = KVT_STEP_OPTS_INIT;
+    sc_o.selector = f.sel;
+    sc_o.flags = KVT_STEP_DENSE;
+    kvt_step_opts sg_o = sc_o;
+    sg_o.stream = f.stream;
+    float q[NS * HQ * D], out[NS * HQ * D], lse[NS * HQ];
+    for (int round = 0; round < 2; round++) {
+        kvt_step *sc, *sg;
+        TU_OK(kvt_step_plan(f.cpu, f.ic, NS, &sc_o, &sc));
+        TU_OK(kvt_step_plan(f.gpu, f.ig, NS, &sg_o, &sg));
+        rand_rows(&f.r, q, NS * HQ * D);
+        CU_OK(kvt__cu_memcpy(f.d_q, q, sizeof q));
+        TU_OK(kvt_attend(sc, 1, q, out, lse));
+        if (round == 0) {
+            TU_EXPECT_ERR(kvt_attend(sg, 1, f.d_q, f.d_out, f.d_lse), KVT_ESTATE,
+                          "device tier");
+            assert_non_null(strstr(kvt_last_error(), "2 selected pages"));
+        } else {
+            TU_OK(kvt_attend(sg, 1, f.d_q, f.d_out, f.d_lse));
+            compare_layer(sc, sg, 1, out, lse, &f);
+        }
+        TU_OK(kvt_step_finish(sc));
+        TU_OK(kvt_step_finish(sg));
+        if (round == 0) {
+            const kvt_move back[] = {{s0, 1, 2, 4, HO, DV, 0}, {s1, 1, 3, 2, HO, DV, 0}};
+            move_both(&f, back, 2);
+        }
+    }
+    fx_free(&f);
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    const char *base = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+    snprintf(g_dir, sizeof g_dir, "%s/kvt-cutier-XXXXXX", base);
+    return mkdtemp(g_dir) ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    return rmdir(g_dir);
+}
+
+int main(void)
+{
+    GPU_SKIP_WITHOUT_DEVICE();
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_tiered_vs_cpu),
+        cmocka_unit_test(test_moves_vs_cpu),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
