@@ -5,7 +5,7 @@
  *   kvtier-bench --backend cuda attn [--batch 1,8,16,40] [--ctx 10k,32k,128k]
  *   kvtier-bench --backend cuda copy [--sizes 8k,64k,256k,1m,4m]
  *   kvtier-bench --backend cuda all        (attn, then copy)
- *   kvtier-bench --backend cuda tier       (not on this backend yet: exit 77)
+ *   kvtier-bench --backend cuda tier [--batch ...] [--ctx ...]
  *   common: [--reps N] [--smoke] [--json-only] [--help]
  *
  * attn: one layer of Llama-3-8B geometry (8 KV heads, GQA 4, head_dim 128,
@@ -117,7 +117,10 @@ static const char cb_usage_text[] =
     "                   cudaMemcpyAsync vs a 1 GiB host-to-device probe; decode slowdown\n"
     "                   under a concurrent copy\n"
     "  all              attn, then copy\n"
-    "  tier             tiered pools are not on the CUDA backend yet (exit 77)\n"
+    "  tier             a tiered pool's decode loop (policy, pinned host tier, 2 layers,\n"
+    "                   top-K pages, window 2, rerank every 4 steps) against a\n"
+    "                   device-only pool with the same selector: ms per step, device\n"
+    "                   pages, promotions per step (default batch 1,8,16,40 x ctx 32k)\n"
     "  --batch LIST     sequences per attn case (default 1,8,16,40)\n"
     "  --ctx LIST       tokens per sequence, k = 1024 (default 10k,32k,128k)\n"
     "  --sizes LIST     copy transfer sizes, k/m suffixes (default 8k,64k,256k,1m,4m)\n"
@@ -243,6 +246,16 @@ static void cb_parse_args(int argc, char **argv, cb_opts *o)
         o->smoke ? cb_set_list(&o->ctx, s_ctx, 1) : cb_set_list(&o->ctx, ctx, 3);
     if (!have_sizes)
         o->smoke ? cb_set_list(&o->sizes, s_sizes, 3) : cb_set_list(&o->sizes, sizes, 5);
+    if (o->cmd == CMD_TIER) { /* a loop of whole steps: smaller defaults */
+        static const uint32_t t_ctx = 32768, ts_batch = 3, ts_ctx = 300;
+        if (!have_ctx)
+            o->smoke ? cb_set_list(&o->ctx, &ts_ctx, 1) : cb_set_list(&o->ctx, &t_ctx, 1);
+        if (!have_batch && o->smoke)
+            cb_set_list(&o->batch, &ts_batch, 1);
+        for (uint32_t i = 0; i < o->batch.n; i++)
+            if (o->batch.v[i] > 64)
+                cb_usage_error("tier: --batch values are at most 64", NULL);
+    }
     if (!have_reps && o->smoke)
         o->reps = 2;
     if (o->reps > 1000)
@@ -1713,6 +1726,203 @@ static void cb_cmd_copy(cb *c)
     kvt__cu_host_free(e.h_arena);
 }
 
+/* ---- tier: a tiered pool's decode loop against a device-only pool ------------------- */
+
+/* Two layers of the attn geometry; the policy keeps every head stable with
+ * top-K pages, a window of 2 and a rerank every 4 steps. */
+#define CB_TIER_L 2u
+#define CB_TIER_IV 4u
+
+typedef struct cb_tier_pool {
+    kvt_pool *p;
+    kvt_seq_id ids[64];
+    double *ms;    /* [steps] */
+} cb_tier_pool;
+
+static kvt_pool_opts cb_tier_opts(uint64_t dev_bytes, uint64_t host_bytes)
+{
+    kvt_pool_opts o;
+    CHECK(kvt_pool_opts_init(&o));
+    o.backend = KVT_BACKEND_CUDA;
+    o.geom = (kvt_geometry){CB_TIER_L, CB_H, CB_H * CB_G, CB_D, CB_P, KVT_DTYPE_F16, {0, 0}};
+    o.device_bytes = dev_bytes;
+    o.host_bytes = host_bytes;
+    o.max_seqs = 64;
+    o.n_threads = 1;
+    return o;
+}
+
+/* Prefill of ctx random tokens per sequence, in chunks (a tiered pool
+ * trims each chunk's pages before the next). */
+static void cb_tier_prefill(cb_tier_pool *tp, uint32_t B, uint32_t ctx, const float *d_rows,
+                            uint32_t chunk)
+{
+    for (uint32_t i = 0; i < B; i++) {
+        CHECK(kvt_seq_create(tp->p, NULL, &tp->ids[i]));
+        for (uint32_t t = 0; t < ctx; t += chunk) {
+            const uint32_t n = ctx - t < chunk ? ctx - t : chunk;
+            for (uint32_t l = 0; l < CB_TIER_L; l++) {
+                const float *k = d_rows + (size_t)((i + l + t / chunk) % 3) * CB_H * CB_D;
+                CHECK(kvt_seq_append(tp->p, tp->ids[i], l, k, k + (size_t)CB_H * CB_D, n,
+                                     KVT_DTYPE_F32, 0));
+            }
+        }
+    }
+}
+
+static void cb_cmd_tier(cb *c)
+{
+    const bool smoke = c->o.smoke;
+    const uint32_t K = smoke ? CB_SMOKE_TOPK : CB_TOPK_PAGES, steps = smoke ? 8u : 40u;
+    const uint32_t Hq = CB_H * CB_G;
+    kvt_geometry g = {CB_TIER_L, CB_H, Hq, CB_D, CB_P, KVT_DTYPE_F16, {0, 0}};
+    kvt_policy_opts po = KVT_POLICY_OPTS_INIT;
+    po.top_k_pages = K;
+    po.window = 2;
+    po.stable_interval = CB_TIER_IV;
+    kvt_policy *pol;
+    CHECK(kvt_policy_create(&pol, &g, &po));
+    kvt_selector_opts so = KVT_SELECTOR_OPTS_INIT;
+    so.top_k_pages = K;
+    so.rerank_interval = CB_TIER_IV;
+    kvt_selector *sel;
+    CHECK(kvt_selector_create(&sel, &g, &so));
+    const uint32_t *bl = c->o.batch.v, *cl = c->o.ctx.v;
+    const uint32_t nb = c->o.batch.n, nc = c->o.ctx.n;
+    uint64_t rng = 0x71e5;
+    for (uint32_t ib = 0; ib < nb; ib++)
+        for (uint32_t ic = 0; ic < nc; ic++) {
+            const uint32_t B = bl[ib], ctx = cl[ic];
+            /* Rows: 3 prefill patterns of chunk tokens, and per step a q, k, v. */
+            const uint32_t chunk = smoke ? 64u : 2048u;
+            const size_t prow = (size_t)chunk * CB_H * CB_D * 2 + 2u * CB_H * CB_D;
+            const size_t qn = (size_t)B * Hq * CB_D, kn = (size_t)B * CB_H * CB_D;
+            float *h = bench_xmalloc((prow > qn + 2 * kn ? prow : qn + 2 * kn) * sizeof *h);
+            for (size_t e = 0; e < prow; e++)
+                h[e] = cb_unit(&rng);
+            float *d_rows = cb_dev_upload(h, prow * sizeof *h);
+            float *d_q = cb_dev_alloc(qn * 4), *d_k = cb_dev_alloc(kn * 4),
+                  *d_v = cb_dev_alloc(kn * 4);
+            float *d_out[2] = {cb_dev_alloc(qn * 4), cb_dev_alloc(qn * 4)};
+
+            kvt_pool_opts oq = cb_tier_opts(0, 0);
+            oq.policy = pol;
+            oq.target_tokens = ctx + steps + CB_P;
+            oq.target_seqs = B;
+            kvt_pool_sizing sz = {sizeof sz, 0, 0, 0, 0, 0, 0, 0};
+            CHECK(kvt_pool_sizing_get(&oq, &sz));
+            /* Tiered: the sizing's device tier plus a chunk's pages (the
+             * prefill's room); the host holds every offloaded page. */
+            const uint64_t chunk_bytes = (uint64_t)B * CB_TIER_L * CB_H *
+                                         ((chunk + CB_P - 1) / CB_P + 1) * CB_BLOCK_BYTES;
+            cb_tier_pool tp[2];
+            memset(tp, 0, sizeof tp);
+            kvt_pool_opts ot = cb_tier_opts(sz.device_bytes + chunk_bytes, sz.host_bytes);
+            ot.policy = pol;
+            ot.selector = sel;
+            kvt_pool_opts od = cb_tier_opts(sz.dense_bytes, 0);
+            od.selector = sel;
+            if (kvt_pool_create(&tp[0].p, &ot) || kvt_pool_create(&tp[1].p, &od)) {
+                fprintf(stderr, PROG ": tier batch %u ctx %u: %s (skipped)\n", B, ctx,
+                        kvt_last_error());
+                kvt_pool_destroy(tp[0].p);
+                kvt_pool_destroy(tp[1].p);
+                free(h);
+                continue;
+            }
+            for (int w = 0; w < 2; w++) {
+                tp[w].ms = bench_xmalloc(steps * sizeof(double));
+                cb_tier_prefill(&tp[w], B, ctx, d_rows, chunk);
+            }
+            kvt_stats s0 = {.struct_size = sizeof s0};
+            CHECK(kvt_pool_stats(tp[0].p, &s0));
+            double worst = 0;
+            for (uint32_t st = 0; st < steps; st++) {
+                for (size_t e = 0; e < qn + 2 * kn; e++)
+                    h[e] = cb_unit(&rng);
+                CHECK(kvt__cu_memcpy(d_q, h, qn * 4));
+                CHECK(kvt__cu_memcpy(d_k, h + qn, kn * 4));
+                CHECK(kvt__cu_memcpy(d_v, h + qn + kn, kn * 4));
+                for (int w = 0; w < 2; w++) {
+                    kvt_step_opts sto = KVT_STEP_OPTS_INIT;
+                    sto.selector = sel;
+                    sto.stream = c->s_normal;
+                    kvt_step *stp;
+                    const double t0 = bench_now();
+                    CHECK(kvt_step_plan(tp[w].p, tp[w].ids, B, &sto, &stp));
+                    for (uint32_t l = 0; l < CB_TIER_L; l++) {
+                        CHECK(kvt_append(stp, l, d_k, d_v, KVT_DTYPE_F32, 0));
+                        CHECK(kvt_rerank_recycle(stp, l, d_q));
+                        CHECK(kvt_sparse_decode(stp, l, d_q, d_out[w], NULL));
+                    }
+                    CHECK(kvt_step_finish(stp));
+                    CHECK(kvt__cu_stream_sync(c->s_normal));
+                    tp[w].ms[st] = (bench_now() - t0) * 1e3;
+                }
+                if (smoke) { /* the same selections: the same attention */
+                    float *a = bench_xmalloc(qn * 8);
+                    CHECK(kvt__cu_memcpy(a, d_out[0], qn * 4));
+                    CHECK(kvt__cu_memcpy(a + qn, d_out[1], qn * 4));
+                    for (size_t e = 0; e < qn; e++) {
+                        const double d = fabs((double)a[e] - (double)a[qn + e]);
+                        worst = d > worst || d != d ? d : worst;
+                    }
+                    free(a);
+                }
+            }
+            kvt_stats s1 = {.struct_size = sizeof s1}, sd = {.struct_size = sizeof sd};
+            CHECK(kvt_pool_stats(tp[0].p, &s1));
+            CHECK(kvt_pool_stats(tp[1].p, &sd));
+            const uint32_t warm = steps / 4; /* the first steps fill the windows */
+            const double mt = cb_median(tp[0].ms + warm, steps - warm);
+            const double md = cb_median(tp[1].ms + warm, steps - warm);
+            const uint64_t promoted = s1.promoted_pages - s0.promoted_pages;
+            const double h2d = (double)(s1.moved_bytes[KVT_DIR_HOST_TO_DEVICE] -
+                                        s0.moved_bytes[KVT_DIR_HOST_TO_DEVICE]);
+            double tsum = 0;
+            for (uint32_t st = 0; st < steps; st++)
+                tsum += tp[0].ms[st];
+            j_begin("tier", NULL);
+            j_int("batch", B);
+            j_int("ctx", ctx);
+            j_int("layers", CB_TIER_L);
+            j_int("top_k_pages", K);
+            j_int("steps", steps);
+            j_num("tiered_step_ms", mt, 3);
+            j_num("device_only_step_ms", md, 3);
+            j_num("tiered_over_device_only", cb_div(mt, md), 3);
+            j_u64("tiered_device_pages", s1.tier[KVT_TIER_DEVICE].pages);
+            j_u64("device_only_pages", sd.tier[KVT_TIER_DEVICE].pages);
+            j_num("promoted_per_step", (double)promoted / steps, 2);
+            j_num("hit_rate", cb_div((double)(s1.sel_resident - s0.sel_resident),
+                                     (double)(s1.sel_pages - s0.sel_pages)), 4);
+            j_u64("paused_seqs", s1.paused_seqs - s0.paused_seqs);
+            j_num("h2d_gbps_over_run", cb_gbps(h2d, tsum), 3);
+            if (smoke) {
+                j_num("max_abs_diff_vs_device_only", worst, 9);
+                if (!(worst <= 2e-5))
+                    cb_fail(c, "tier: tiered and device-only outputs differ");
+            }
+            j_end();
+            if (!c->o.json_only)
+                printf("# tier B=%u ctx=%u: tiered %.3f ms/step, device-only %.3f ms/step, "
+                       "%llu vs %llu device pages, %.1f promotions/step\n", B, ctx, mt, md,
+                       (unsigned long long)s1.tier[KVT_TIER_DEVICE].pages,
+                       (unsigned long long)sd.tier[KVT_TIER_DEVICE].pages,
+                       (double)promoted / steps);
+            for (int w = 0; w < 2; w++) {
+                kvt_pool_destroy(tp[w].p);
+                free(tp[w].ms);
+            }
+            void *d[] = {d_rows, d_q, d_k, d_v, d_out[0], d_out[1]};
+            for (size_t j = 0; j < sizeof d / sizeof d[0]; j++)
+                kvt__cu_free(d[j]);
+            free(h);
+        }
+    kvt_selector_destroy(sel);
+    kvt_policy_destroy(pol);
+}
+
 /* ---- entry ------------------------------------------------------------------------ */
 
 int kvt_bench_cuda_main(int argc, char **argv)
@@ -1720,13 +1930,6 @@ int kvt_bench_cuda_main(int argc, char **argv)
     cb c;
     memset(&c, 0, sizeof c);
     cb_parse_args(argc, argv, &c.o);
-    if (c.o.cmd == CMD_TIER) {
-        printf("{\"bench\":\"cuda\",\"cmd\":\"tier\",\"skipped\":\"tiered pools (a host "
-               "tier and a placement policy) do not run on the CUDA backend in this "
-               "release\"}\n");
-        fflush(stdout);
-        return 77;
-    }
     const char *why = "";
     if (kvt__cu_device_count(&why) <= 0) {
         printf("{\"bench\":\"cuda\"");
@@ -1757,6 +1960,8 @@ int kvt_bench_cuda_main(int argc, char **argv)
         cb_cmd_attn(&c);
     if (c.o.cmd == CMD_COPY || c.o.cmd == CMD_ALL)
         cb_cmd_copy(&c);
+    if (c.o.cmd == CMD_TIER)
+        cb_cmd_tier(&c);
 
     cb_flush_free(&c.fl);
     for (uint32_t i = 0; i <= c.o.reps; i++) {
