@@ -248,8 +248,9 @@ KVT__HIDDEN int kvt__cu_copy_kernel(const kvt__cu_copy *d_list, uint32_t n, uint
                                     uint64_t chunk_bytes, void *stream);
 /* The same copies as cudaMemcpyAsync calls (h_list on the host). */
 KVT__HIDDEN int kvt__cu_copy_memcpy(const kvt__cu_copy *h_list, uint32_t n, void *stream);
-/* Below this size per transfer the mover uses the kernel, above it
- * cudaMemcpyAsync (measured by kvtier-bench --backend cuda copy). */
+/* Below this size per transfer the kernel is expected to beat
+ * cudaMemcpyAsync (kvtier-bench --backend cuda copy measures the crossover).
+ * The mover does not switch yet: it copies every page with cudaMemcpyAsync. */
 #define KVT__CU_COPY_KERNEL_MAX (1u << 20)
 
 /* Dirty-range table sync: for each range, n entries of the pinned host

@@ -253,6 +253,10 @@ KVT_API int kvt_step_plan(kvt_pool *pool, const kvt_seq_id *seqs, uint32_t n_seq
         o.policy = pool->pol;
     }
     const bool tiered = pool->pol && !dense;
+    if (dense && pool->pol && pool->cu)
+        return kvt__err(KVT_ENOTSUP, "opts->flags: KVT_STEP_DENSE on a tiered CUDA pool (its "
+                        "decode reads device pages only, and stable heads keep most pages "
+                        "off the device)");
     if (o.selector) {
         rc = kvt__selector_match(o.selector, pool);
         if (rc)
@@ -1326,8 +1330,13 @@ static int kvt__cuda_decode(kvt_step *st, uint32_t layer, const float *q, float 
     }
     uint32_t missing = 0;
     int rc = kvt__cuda_step_place(st, layer, &missing);
+    bool skipped = false;
+    for (uint32_t i = 0; rnd && i < st->n; i++)
+        skipped = skipped || rnd[i];
     if (!rc)
         rc = kvt__cuda_step_decode(st, layer, q, out, lse, rnd);
+    if (skipped) /* the emptied items stay empty: a new decode needs a new selection */
+        st->sel_layer = KVT__NO_LAYER;
     if (rnd) {
         const int rf = kvt__dec_failed(st, layer, rnd);
         rc = rc ? rc : rf;

@@ -131,3 +131,14 @@ int kvt__cuda_mv_sync(const kvt_pool *p, void *stream)
     (void)p, (void)stream;
     return KVT__NO_CUDA;
 }
+
+int kvt__cuda_host_pin(const kvt_pool *p, void *h, size_t bytes)
+{
+    (void)p, (void)h, (void)bytes;
+    return KVT__NO_CUDA;
+}
+
+void kvt__cuda_host_unpin(const kvt_pool *p, void *h)
+{
+    (void)p, (void)h;
+}

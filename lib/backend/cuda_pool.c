@@ -148,7 +148,6 @@ int kvt__cuda_pool_init(kvt_pool *p, const kvt_pool_opts *o)
     if (o->cuda_device < 0 || o->cuda_device >= n)
         return kvt__err(KVT_EINVAL, "opts->cuda_device: %d, the machine has %d CUDA device%s",
                         (int)o->cuda_device, n, n == 1 ? "" : "s");
-    /* Host and disk tiers and a policy were refused by kvt__validate_opts. */
     /* The geometry's own limits today; kept so a wider geometry cannot
      * reach kernels that were not written for it. */
     const uint32_t D = p->g.head_dim, P = p->g.page_tokens;
@@ -1125,4 +1124,16 @@ int kvt__cuda_mv_sync(const kvt_pool *p, void *stream)
 {
     (void)p;
     return kvt__cu_stream_sync(stream);
+}
+
+int kvt__cuda_host_pin(const kvt_pool *p, void *h, size_t bytes)
+{
+    int rc = kvt__cu_set_device(p->cu->device);
+    return rc ? rc : kvt__cu_host_register(h, bytes);
+}
+
+void kvt__cuda_host_unpin(const kvt_pool *p, void *h)
+{
+    (void)p;
+    kvt__cu_host_unregister(h);
 }

@@ -192,6 +192,10 @@ KVT__HIDDEN void kvt__cuda_mv_event_free(void *event);
 KVT__HIDDEN int kvt__cuda_mv_copy(const struct kvt_pool *p, void *stream, void *after, void *dst,
                                   const void *src, size_t n);
 KVT__HIDDEN int kvt__cuda_mv_sync(const struct kvt_pool *p, void *stream);
+/* Pins host memory for the GPU in place (the I/O thread's staging);
+ * unpin before it is unmapped. */
+KVT__HIDDEN int kvt__cuda_host_pin(const struct kvt_pool *p, void *h, size_t bytes);
+KVT__HIDDEN void kvt__cuda_host_unpin(const struct kvt_pool *p, void *h);
 
 
 /* ---- worker threads (threads.c) ------------------------------------------ */

@@ -168,8 +168,10 @@ static void *kvt__copy_thread(void *arg)
                 cerr = kvt__cuda_mv_copy(p, cs, op->batch->cu_ev, dst, src, (size_t)p->block_bytes);
             queued = true;
         }
-        if (queued && !cerr)
-            cerr = kvt__cuda_mv_sync(p, cs);
+        if (queued) { /* even after an error: no copy may still be landing */
+            const int e2 = kvt__cuda_mv_sync(p, cs);
+            cerr = cerr ? cerr : e2;
+        }
         char cmsg[160] = "";
         if (cerr)
             snprintf(cmsg, sizeof cmsg, "%s", kvt_last_error());

@@ -160,6 +160,7 @@ struct kvt_mover {
     kvt__iou **prep;                    /* [n_units] to (re)submit */
     kvt__iou **done_units;              /* [n_units] completed, not yet checked */
     void *io_cs;                        /* CUDA pools: the I/O thread's stream */
+    bool stage_pinned;                  /* CUDA pools: stage registered with CUDA */
     /* Caller-thread state. */
     kvt__batch *batches;
     kvt__batch **batches_tail;

@@ -47,6 +47,10 @@ int kvt__uring_init(kvt_mover *m)
         munmap(st + m->stage_map, (size_t)(raw + huge - st));
     (void)madvise(st, m->stage_map, MADV_HUGEPAGE); /* a hint */
     m->stage = st;
+    /* CUDA pools: pinned for the GPU too, so staging <-> device copies are
+     * DMA that does not block the I/O thread (unpinned they still work). */
+    if (m->pool->cu && !(m->stage_pinned = kvt__cuda_host_pin(m->pool, st, m->stage_map) == 0))
+        kvt_clear_error();
     m->units = calloc(m->n_units, sizeof *m->units);
     m->unit_ops = calloc((size_t)m->n_units * per, sizeof *m->unit_ops);
     m->free_units = malloc((size_t)m->n_units * sizeof *m->free_units);
@@ -96,6 +100,9 @@ void kvt__uring_fini(kvt_mover *m)
         free(m->ring);
         m->ring = NULL;
     }
+    if (m->stage && m->stage_pinned)
+        kvt__cuda_host_unpin(m->pool, m->stage);
+    m->stage_pinned = false;
     if (m->stage)
         munmap(m->stage, m->stage_map);
     m->stage = NULL;
@@ -182,8 +189,10 @@ static int kvt__stage_write(kvt_mover *m, kvt__iou *u)
         rc = kvt__stage_copy(m, op, op->src_tier, buf + (size_t)i * d->slot_bytes,
                              kvt__arena_block(&p->tier[op->src_tier], op->src_blk), &queued);
     }
-    if (!rc && queued)
-        rc = kvt__cuda_mv_sync(p, m->io_cs);
+    if (queued) { /* even after an error: nothing may still be landing */
+        const int e2 = kvt__cuda_mv_sync(p, m->io_cs);
+        rc = rc ? rc : e2;
+    }
     if (rc)
         return rc;
     for (uint32_t i = 0; i < u->n_ops; i++) {
@@ -259,8 +268,10 @@ static void kvt__unit_done(kvt_mover *m, kvt__iou *u, int32_t code, int err)
         else
             op->status = s;
     }
-    if (queued && !cerr) /* the staging buffer is reused once the copies are done */
-        cerr = kvt__cuda_mv_sync(p, m->io_cs);
+    if (queued) { /* the staging buffer and the blocks are reused once it is done */
+        const int e2 = kvt__cuda_mv_sync(p, m->io_cs);
+        cerr = cerr ? cerr : e2;
+    }
     if (cerr)
         snprintf(cmsg, sizeof cmsg, "%s", kvt_last_error());
     pthread_mutex_lock(&m->mu);

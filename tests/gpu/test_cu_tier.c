@@ -355,6 +355,13 @@ static void test_tiered_vs_cpu(void **state)
     /* What a tiered CUDA pool refuses: the warm-up scores on the host. */
     float obs[L * HQ * D] = {0};
     TU_EXPECT_ERR(kvt_seq_warmup(f.gpu, f.ig[0], obs, 1), KVT_ENOTSUP, "kvt_seq_warmup");
+    /* ... and a dense step: stable heads keep most pages off the device. */
+    kvt_step_opts dso = KVT_STEP_OPTS_INIT;
+    dso.flags = KVT_STEP_DENSE;
+    dso.selector = f.sel;
+    kvt_step *ds = NULL;
+    TU_EXPECT_ERR(kvt_step_plan(f.gpu, f.ig, NS, &dso, &ds), KVT_ENOTSUP, "KVT_STEP_DENSE");
+    assert_null(ds);
     fx_free(&f);
 }
 
