@@ -161,7 +161,9 @@ typedef struct kvt__cu_score_args {
     float *d_vote;
 } kvt__cu_score_args;
 KVT__HIDDEN int kvt__cu_score(const kvt__cu_score_args *a, void *stream);
-/* Scratch the scoring kernel needs (0 today; kept for the cuBLAS path). */
+/* Scratch the scoring kernel needs (0: one query group per item reads each
+ * page's metadata once; the many-query product of the warm-up goes to
+ * cuBLAS instead, kvt__cu_warm). */
 KVT__HIDDEN size_t kvt__cu_score_workspace_bytes(const kvt__cu_score_args *a);
 
 /* ---- per-head top-K (cuda/select.cu) ---------------------------------------
@@ -405,6 +407,45 @@ typedef struct kvt__cu_sf_args {
     kvt__cu_attn_item *d_attn;  /* n_pages written per item */
 } kvt__cu_sf_args;
 KVT__HIDDEN int kvt__cu_sel_finish(const kvt__cu_sf_args *a, void *stream);
+
+/* ---- warm-up importance (cuda/warm.cu) --------------------------------------
+ * For each of n_heads heads of one layer: d_imp[h * n_pages + j] += the sum
+ * over queries o = 0 .. n_obs - 1 (in that order) of the vote page j gets
+ * for query o, as kvt__sel_score computes it on the CPU (method MINMAX or
+ * MEAN; vote SUM, MAX or SOFTVOTE with vote_scale; a NaN vote counts
+ * +inf). d_q holds the prepared query rows [n_heads][n_obs * G][W]: for
+ * MINMAX W = 2D, row = [qa | qb] (qa = q > 0 ? q : 0, qb = q < 0 ? q : 0);
+ * for MEAN W = D, row = q. Page j's metadata slot is d_slots[h * n_pages +
+ * j]. The raw scores are one strided batched SGEMM over the heads: cuBLAS's
+ * when `blas` is a handle from kvt__cu_blas_create (on the same stream),
+ * else a tiled kernel. Results equal the CPU's up to the summation order
+ * of each dot product (exact when every product and partial sum is). The
+ * work area holds the landmarks, the scores and the SOFTVOTE statistics:
+ * kvt__cu_warm_workspace_bytes(a), which grows with n_heads * n_obs * G *
+ * n_pages (the caller splits the queries into calls to bound it). */
+typedef struct kvt__cu_warm_args {
+    uint32_t n_heads, n_pages, n_obs, G, D;
+    kvt_dtype dtype;
+    uint32_t method, vote; /* KVT_SCORE_*, KVT_VOTE_* */
+    float vote_scale;
+    const uint32_t *d_slots;
+    const uint8_t *d_meta_base;
+    uint64_t meta_bytes;
+    const float *d_q;
+    float *d_imp;
+    void *d_work;
+    void *blas;
+} kvt__cu_warm_args;
+KVT__HIDDEN size_t kvt__cu_warm_workspace_bytes(const kvt__cu_warm_args *a);
+KVT__HIDDEN int kvt__cu_warm(const kvt__cu_warm_args *a, void *stream);
+/* cuBLAS is loaded at run time (dlopen libcublas.so.<major built against>,
+ * then libcublas.so), once per process. A handle bound to `stream`; fails
+ * with KVT_ENOTSUP naming why when the library cannot be loaded or
+ * initialised (callers fall back to the kernel). */
+KVT__HIDDEN int kvt__cu_blas_create(void **handle, void *stream);
+KVT__HIDDEN void kvt__cu_blas_destroy(void *handle);
+/* Tests: forbid (1) or allow (0) kvt__cu_blas_create, to run the fallback. */
+KVT__HIDDEN void kvt__cu_blas_forbid(int forbid);
 
 #ifdef __cplusplus
 }

@@ -142,3 +142,18 @@ void kvt__cuda_host_unpin(const kvt_pool *p, void *h)
 {
     (void)p, (void)h;
 }
+
+int kvt__cuda_warm_imp(kvt_pool *p, kvt__seq *s, const float *obs, uint32_t n_obs, float *imp,
+                       size_t stride)
+{
+    (void)p, (void)s, (void)obs, (void)n_obs, (void)imp, (void)stride;
+    return KVT__NO_CUDA;
+}
+
+int kvt__cuda_warm_topk(kvt_pool *p, kvt__seq *s)
+{
+    (void)p, (void)s;
+    return KVT__NO_CUDA;
+}
+
+size_t kvt__cuda_warm_budget;

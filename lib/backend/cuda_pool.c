@@ -27,8 +27,9 @@
  * sequence's decode waits on the host for its promotions' fence; the block
  * list the decode reads is then built from the host tables and uploaded,
  * and the table entries the host changed reach the GPU copy as dirty
- * ranges (the UVA table kernel). The profiler and kvt_seq_warmup are
- * refused with KVT_ENOTSUP. */
+ * ranges (the UVA table kernel). kvt_seq_warmup scores on the GPU
+ * (cuda/warm.cu: one batched SGEMM per layer, cuBLAS when it loads) and
+ * places on the host. The profiler is refused with KVT_ENOTSUP. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -103,6 +104,15 @@ struct kvt__cuda {
     /* Pinned buffers written again only once the work that read them is
      * done: the flush staging, and the copy lists with the block list. */
     kvt__guard g_fl, g_cl;
+    /* kvt_seq_warmup: the cuBLAS handle (on the pool's stream; NULL when
+     * libcublas did not load: the fallback kernel) and the scratch. */
+    void *blas;
+    bool blas_tried;
+    uint32_t *h_wslot, *d_wslot;
+    float *h_wq, *d_wq, *h_wimp, *d_wimp;
+    size_t cap_wslot, cap_wq, cap_wimp; /* elements of the pinned arrays */
+    size_t cap_wslot_d, cap_wq_d, cap_wimp_d, cap_wwork; /* bytes of the device ones */
+    void *d_wwork;
 };
 
 static int kvt__tab_flush(const kvt_pool *p, kvt__seq *const *seqs, uint32_t n, uint32_t l0,
@@ -221,7 +231,8 @@ void kvt__cuda_pool_fini(kvt_pool *p)
                   (void **)&c->d_nsaved, (void **)&c->d_vote, (void **)&c->d_sel,
                   (void **)&c->d_topk, (void **)&c->d_blocks, (void **)&c->d_ntok,
                   (void **)&c->d_nsel, (void **)&c->d_ntopk, &c->d_work, (void **)&c->d_app,
-                  (void **)&c->d_sc, (void **)&c->d_tk, (void **)&c->d_sf, (void **)&c->d_at};
+                  (void **)&c->d_sc, (void **)&c->d_tk, (void **)&c->d_sf, (void **)&c->d_at,
+                  (void **)&c->d_wslot, (void **)&c->d_wq, (void **)&c->d_wimp, &c->d_wwork};
     for (size_t i = 0; i < sizeof d / sizeof d[0]; i++)
         kvt__dev_free(d[i]);
     void **h[] = {(void **)&c->h_app, (void **)&c->h_sc, (void **)&c->h_tk, (void **)&c->h_sf,
@@ -229,9 +240,11 @@ void kvt__cuda_pool_fini(kvt_pool *p)
                   (void **)&c->h_rg, (void **)&c->h_papp, (void **)&c->h_sel,
                   (void **)&c->h_blk, (void **)&c->h_nsel, (void **)&c->h_vote,
                   (void **)&c->h_cl, (void **)&c->h_zero, (void **)&c->h_fl,
-                  (void **)&c->h_flr};
+                  (void **)&c->h_flr, (void **)&c->h_wslot, (void **)&c->h_wq,
+                  (void **)&c->h_wimp};
     for (size_t i = 0; i < sizeof h / sizeof h[0]; i++)
         kvt__pin_free(h[i]);
+    kvt__cu_blas_destroy(c->blas);
     if (c->host_reg) /* before kvt_pool_destroy unmaps the arena */
         kvt__cu_host_unregister(p->tier[KVT_TIER_HOST].base);
     kvt__cu_event_destroy(c->g_fl.ev);
@@ -1136,4 +1149,176 @@ void kvt__cuda_host_unpin(const kvt_pool *p, void *h)
 {
     (void)p;
     kvt__cu_host_unregister(h);
+}
+
+/* ---- kvt_seq_warmup's importance ------------------------------------------ */
+
+/* Grows a pinned array (contents dropped) or a device buffer (contents
+ * dropped; the pool's streams are quiet) to hold n elements of sz bytes. */
+static int kvt__warm_pin(void **h, size_t *cap, size_t n, size_t sz)
+{
+    if (n <= *cap)
+        return 0;
+    int rc = kvt__pin_grow(h, n, sz);
+    *cap = rc ? 0 : n;
+    return rc;
+}
+
+static int kvt__warm_dev(void **d, size_t *cap, size_t bytes)
+{
+    if (bytes <= *cap)
+        return 0;
+    int rc = kvt__dev_grow(d, 0, bytes);
+    *cap = rc ? 0 : bytes;
+    return rc;
+}
+
+/* Bytes of raw scores one call of kvt__cu_warm may hold (the queries are
+ * split into calls below this). */
+size_t kvt__cuda_warm_budget = (size_t)64 << 20;
+
+int kvt__cuda_warm_imp(kvt_pool *p, kvt__seq *s, const float *obs, uint32_t n_obs, float *imp,
+                       size_t stride)
+{
+    struct kvt__cuda *c = p->cu;
+    const kvt_selector *sel = p->sel;
+    const uint32_t L = p->g.n_layers, H = p->g.n_kv_heads, Hq = p->g.n_q_heads;
+    const uint32_t G = Hq / H, D = p->g.head_dim;
+    const uint32_t W = sel->method == KVT_SCORE_MINMAX ? 2u * D : D;
+    int rc = kvt__cu_set_device(c->device);
+    if (!rc) /* the prefills' and the last step's work, before any scratch is reused */
+        rc = kvt__quiesce(c);
+    if (rc)
+        return rc;
+    if (!c->blas_tried) {
+        c->blas_tried = true;
+        if (kvt__cu_blas_create(&c->blas, c->stream)) {
+            c->blas = NULL; /* no libcublas: the fallback kernel scores */
+            kvt_clear_error();
+        }
+    }
+    uint32_t *hs = malloc((size_t)H * sizeof *hs);
+    if (!hs)
+        return kvt__err(KVT_ENOMEM, "kvt_seq_warmup: cannot allocate %u head indices", H);
+    for (uint32_t l = 0; l < L && !rc; l++) {
+        const uint32_t np = kvt__pages_for(p, s->n_tokens[l]);
+        uint32_t nh = 0;
+        for (uint32_t h = 0; h < H; h++)
+            if (kvt__stable(p, kvt__lh(p, l, h)))
+                hs[nh++] = h;
+        if (!np || !nh)
+            continue;
+        /* Queries per call: the scores of one call within the budget. */
+        const uint64_t per_obs = (uint64_t)nh * G * np * sizeof(float);
+        uint64_t oc64 = kvt__cuda_warm_budget / per_obs;
+        const uint32_t oc = oc64 < 1 ? 1u : (oc64 > n_obs ? n_obs : (uint32_t)oc64);
+        kvt__cu_warm_args a = {
+            .n_heads = nh, .n_pages = np, .n_obs = oc, .G = G, .D = D, .dtype = p->g.dtype,
+            .method = sel->method, .vote = sel->vote, .vote_scale = sel->vote_scale,
+            .d_meta_base = c->d_meta, .meta_bytes = p->meta.block_bytes, .blas = c->blas};
+        const size_t nslot = (size_t)nh * np, nq = (size_t)nh * oc * G * W;
+        if ((rc = kvt__warm_pin((void **)&c->h_wslot, &c->cap_wslot, nslot, sizeof(uint32_t))) ||
+            (rc = kvt__warm_dev((void **)&c->d_wslot, &c->cap_wslot_d, nslot * sizeof(uint32_t))) ||
+            (rc = kvt__warm_pin((void **)&c->h_wimp, &c->cap_wimp, nslot, sizeof(float))) ||
+            (rc = kvt__warm_dev((void **)&c->d_wimp, &c->cap_wimp_d, nslot * sizeof(float))) ||
+            (rc = kvt__warm_pin((void **)&c->h_wq, &c->cap_wq, nq, sizeof(float))) ||
+            (rc = kvt__warm_dev((void **)&c->d_wq, &c->cap_wq_d, nq * sizeof(float))) ||
+            (rc = kvt__warm_dev(&c->d_wwork, &c->cap_wwork, kvt__cu_warm_workspace_bytes(&a))))
+            break;
+        for (uint32_t x = 0; x < nh; x++) {
+            const size_t lh = kvt__lh(p, l, hs[x]);
+            memcpy(c->h_wslot + (size_t)x * np, s->meta_slot + lh * s->cap_pages,
+                   (size_t)np * sizeof(uint32_t));
+        }
+        memset(c->h_wimp, 0, nslot * sizeof(float));
+        a.d_slots = c->d_wslot;
+        a.d_q = c->d_wq;
+        a.d_imp = c->d_wimp;
+        a.d_work = c->d_wwork;
+        if ((rc = kvt__items_up(c->d_wslot, c->h_wslot, nslot * sizeof(uint32_t), c->stream)) ||
+            (rc = kvt__items_up(c->d_wimp, c->h_wimp, nslot * sizeof(float), c->stream)))
+            break;
+        for (uint32_t o0 = 0; o0 < n_obs && !rc; o0 += oc) {
+            a.n_obs = n_obs - o0 < oc ? n_obs - o0 : oc;
+            /* Rows [head][o * G + g][W]: [qa | qb] or q, formed as the CPU does. */
+            float *dst = c->h_wq;
+            for (uint32_t x = 0; x < nh; x++)
+                for (uint32_t o = 0; o < a.n_obs; o++) {
+                    const float *q = obs + (((size_t)l * n_obs + o0 + o) * Hq + (size_t)hs[x] * G) * D;
+                    for (uint32_t g = 0; g < G; g++, q += D, dst += W) {
+                        if (sel->method != KVT_SCORE_MINMAX) {
+                            memcpy(dst, q, (size_t)D * sizeof(float));
+                            continue;
+                        }
+                        for (uint32_t d = 0; d < D; d++) {
+                            dst[d] = q[d] > 0.0f ? q[d] : 0.0f;
+                            dst[D + d] = q[d] < 0.0f ? q[d] : 0.0f;
+                        }
+                    }
+                }
+            const size_t qb = (size_t)nh * a.n_obs * G * W * sizeof(float);
+            if (!(rc = kvt__items_up(c->d_wq, c->h_wq, qb, c->stream)) &&
+                !(rc = kvt__cu_warm(&a, c->stream)))
+                rc = kvt__cu_stream_sync(c->stream); /* before h_wq is refilled */
+        }
+        const kvt__cu_copy back = {(uint64_t)(uintptr_t)c->d_wimp, (uint64_t)(uintptr_t)c->h_wimp,
+                                   nslot * sizeof(float)};
+        if (rc || (rc = kvt__cu_copy_memcpy(&back, 1, c->stream)) ||
+            (rc = kvt__cu_stream_sync(c->stream)))
+            break;
+        for (uint32_t x = 0; x < nh; x++)
+            memcpy(imp + kvt__lh(p, l, hs[x]) * stride, c->h_wimp + (size_t)x * np,
+                   (size_t)np * sizeof(float));
+    }
+    free(hs);
+    return rc;
+}
+
+int kvt__cuda_warm_topk(kvt_pool *p, kvt__seq *s)
+{
+    struct kvt__cuda *c = p->cu;
+    const uint32_t LH = c->LH, slot = kvt__slot(p, s);
+    uint32_t kmax = 1, n = 0;
+    for (uint32_t lh = 0; lh < LH; lh++)
+        if (s->topk_k[lh] && kvt__stable(p, lh)) {
+            kmax = s->topk_k[lh] - 1u > kmax ? s->topk_k[lh] - 1u : kmax;
+            n++;
+        }
+    int rc = kvt__cu_set_device(c->device);
+    if (!rc && n)
+        rc = kvt__slot_state(p, s, kmax);
+    if (!rc && n) /* the warm-up's own work is done; earlier steps' too */
+        rc = kvt__quiesce(c);
+    if (rc || !n)
+        return rc;
+    const uint32_t kcap = c->kcap;
+    kvt__cu_copy *list = malloc((size_t)n * 2u * sizeof *list);
+    if (!list)
+        return kvt__err(KVT_ENOMEM, "kvt_seq_warmup: cannot allocate %u copies", 2u * n);
+    /* Staging: [n][kcap] pages, then n counts. */
+    if ((rc = kvt__warm_pin((void **)&c->h_wslot, &c->cap_wslot, (size_t)n * (kcap + 1u),
+                            sizeof(uint32_t)))) {
+        free(list);
+        return rc;
+    }
+    uint32_t *pg = c->h_wslot, *cnt = c->h_wslot + (size_t)n * kcap, m = 0;
+    for (uint32_t lh = 0; lh < LH; lh++) {
+        if (!s->topk_k[lh] || !kvt__stable(p, lh))
+            continue;
+        const uint32_t nk = s->topk_n[lh] < kcap ? s->topk_n[lh] : kcap;
+        const size_t row = (size_t)slot * LH + lh;
+        memcpy(pg + (size_t)m * kcap, s->topk + (size_t)lh * s->topk_cap, (size_t)nk * 4u);
+        cnt[m] = nk;
+        list[2u * m] = (kvt__cu_copy){(uint64_t)(uintptr_t)(pg + (size_t)m * kcap),
+                                      (uint64_t)(uintptr_t)(c->d_saved + row * kcap),
+                                      (uint64_t)nk * 4u};
+        list[2u * m + 1u] = (kvt__cu_copy){(uint64_t)(uintptr_t)(cnt + m),
+                                           (uint64_t)(uintptr_t)(c->d_nsaved + row), 4u};
+        m++;
+    }
+    rc = kvt__cu_copy_memcpy(list, 2u * m, c->stream);
+    if (!rc)
+        rc = kvt__cu_stream_sync(c->stream);
+    free(list);
+    return rc;
 }

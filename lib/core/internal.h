@@ -196,6 +196,19 @@ KVT__HIDDEN int kvt__cuda_mv_sync(const struct kvt_pool *p, void *stream);
  * unpin before it is unmapped. */
 KVT__HIDDEN int kvt__cuda_host_pin(const struct kvt_pool *p, void *h, size_t bytes);
 KVT__HIDDEN void kvt__cuda_host_unpin(const struct kvt_pool *p, void *h);
+/* kvt_seq_warmup's importance on the GPU: for every stable (layer, head)
+ * lh and page j < pages of layer l, imp[lh * stride + j] = the sum over the
+ * n_obs queries of the layer of the page's vote (the CPU's kvt__sel_score
+ * summed in query order). Waits for earlier work and for the result;
+ * scores with cuBLAS when libcublas loads, else with the fallback kernel. */
+KVT__HIDDEN int kvt__cuda_warm_imp(struct kvt_pool *p, struct kvt__seq *s, const float *obs,
+                                   uint32_t n_obs, float *imp, size_t stride);
+/* The warm-up's first top-K sets (s->topk of the heads with topk_k set)
+ * become the GPU's saved sets of the sequence, which the steps reuse. */
+KVT__HIDDEN int kvt__cuda_warm_topk(struct kvt_pool *p, struct kvt__seq *s);
+/* Bytes of raw scores per GPU scoring call of the warm-up (64 MiB; tests
+ * lower it to split the queries into several calls). */
+KVT__HIDDEN extern size_t kvt__cuda_warm_budget;
 
 
 /* ---- worker threads (threads.c) ------------------------------------------ */

@@ -372,9 +372,6 @@ KVT_API int kvt_seq_warmup(kvt_pool *pool, kvt_seq_id seq, const float *obs_quer
     if (pool->step && kvt__step_is_open(pool->step))
         return kvt__err(KVT_ESTATE, "pool: a step is open; warm up before kvt_step_plan or "
                         "after kvt_step_finish");
-    if (pool->cu)
-        return kvt__err(KVT_ENOTSUP, "pool: kvt_seq_warmup is not built for the CUDA backend "
-                        "(it scores on the host; the metadata is in GPU memory)");
     const kvt_policy *pol = pool->pol;
     const uint32_t L = pool->g.n_layers, H = pool->g.n_kv_heads, P = pool->g.page_tokens;
     const uint32_t Hq = pool->g.n_q_heads, G = Hq / H, D = pool->g.head_dim;
@@ -401,18 +398,42 @@ KVT_API int kvt_seq_warmup(kvt_pool *pool, kvt_seq_id seq, const float *obs_quer
     if ((rc = kvt__seq_topk_reserve(pool, s, kmax < s->cap_pages ? kmax : s->cap_pages)))
         return rc;
     const size_t scb = kvt__sel_scratch_bytes(G, D, np_max);
-    uint8_t *mem = malloc(scb + (size_t)np_max * (sizeof(float) + 2u * sizeof(uint32_t)));
+    const size_t nimp = (size_t)L * H * np_max;
+    uint8_t *mem = malloc(scb + nimp * sizeof(float) + (size_t)np_max * 2u * sizeof(uint32_t));
     kvt__mvbuf b = {0};
     if (!mem)
         return kvt__err(KVT_ENOMEM, "kvt_seq_warmup: cannot allocate scratch for %u pages",
                         np_max);
     kvt__sel_scratch sc;
     kvt__sel_scratch_carve(&sc, mem, G, D, np_max);
-    float *imp = (float *)(void *)(mem + scb);
-    uint32_t *set = (uint32_t *)(void *)(imp + np_max);
+    float *imp_all = (float *)(void *)(mem + scb); /* [L * H][np_max] */
+    uint32_t *set = (uint32_t *)(void *)(imp_all + nimp);
     uint32_t *tmp = set + np_max;
 
-    /* Pass 1: importance and the device set of every stable head; count
+    /* Every stable head's importance: on the GPU for a CUDA pool (the
+     * metadata is there; the many queries make it a matrix product). */
+    if (pool->cu) {
+        rc = kvt__cuda_warm_imp(pool, s, obs_queries, n_obs, imp_all, np_max);
+    } else {
+        for (uint32_t l = 0; l < L; l++) {
+            const uint32_t np = kvt__pages_for(pool, s->n_tokens[l]);
+            for (uint32_t h = 0; h < H && np; h++) {
+                const size_t lh = kvt__lh(pool, l, h);
+                if (!kvt__stable(pool, lh))
+                    continue;
+                float *imp = imp_all + lh * np_max;
+                memset(imp, 0, (size_t)np * sizeof *imp);
+                for (uint32_t o = 0; o < n_obs; o++) {
+                    const float *q = obs_queries + (((size_t)l * n_obs + o) * Hq + (size_t)h * G) * D;
+                    kvt__sel_score(pool->sel, pool, s, l, h, q, np, &sc);
+                    for (uint32_t j = 0; j < np; j++)
+                        imp[j] += sc.vote[j];
+                }
+            }
+        }
+    }
+
+    /* Pass 1: the device set of every stable head; count
      * what leaves and what arrives. */
     uint64_t n_drop = 0, n_prom = 0;
     for (int pass = 0; pass < 2 && !rc; pass++) {
@@ -424,13 +445,7 @@ KVT_API int kvt_seq_warmup(kvt_pool *pool, kvt_seq_id seq, const float *obs_quer
                     continue;
                 const uint32_t K = pol->k[lh], W = pol->window[lh];
                 const uint32_t sink = pol->sink[lh], local = pol->local[lh];
-                memset(imp, 0, (size_t)np * sizeof *imp);
-                for (uint32_t o = 0; o < n_obs; o++) {
-                    const float *q = obs_queries + (((size_t)l * n_obs + o) * Hq + (size_t)h * G) * D;
-                    kvt__sel_score(pool->sel, pool, s, l, h, q, np, &sc);
-                    for (uint32_t j = 0; j < np; j++)
-                        imp[j] += sc.vote[j];
-                }
+                const float *imp = imp_all + lh * np_max;
                 const uint64_t kw64 = (uint64_t)K * W;
                 const uint32_t kw = kw64 < np ? (uint32_t)kw64 : np;
                 const uint32_t nset = kvt__sel_pick(np, tokens, P, kw, sink, local, imp, NULL, 0,
@@ -477,6 +492,11 @@ KVT_API int kvt_seq_warmup(kvt_pool *pool, kvt_seq_id seq, const float *obs_quer
                           pool->tier[KVT_TIER_DEVICE].n_free, (unsigned long long)n_drop);
     }
     free(mem);
+    /* CUDA: the steps reuse the top-K sets from the GPU's copy. */
+    if (!rc && pool->cu && (rc = kvt__cuda_warm_topk(pool, s)))
+        for (size_t lh = 0; lh < (size_t)L * H; lh++)
+            if (kvt__stable(pool, lh))
+                s->topk_k[lh] = 0; /* not uploaded: the first steps rerank */
     /* Promotions first: their pages are then busy and the host pass below
      * leaves their host copies alone. */
     if (!rc && b.n) {

@@ -22,6 +22,16 @@
  * is refused on CUDA (KVT_ESTATE, the CPU reads the host page in place)
  * and equals the CPU once the page is back on the device.
  *
+ * test_warmup_vs_cpu: kvt_seq_warmup on a tiered CUDA pool (importance
+ * scored on the GPU: cuBLAS, or the fallback kernel with cuBLAS turned
+ * off) against the CPU pool, for MINMAX and MEAN scoring and each vote.
+ * Prompts and observed queries are small integers, so every score and sum
+ * is exact in f32 whatever the order of the products: the importance must
+ * equal the CPU's bit for bit (SUM, MAX; SOFTVOTE within 2e-5, its exp is
+ * rounded differently), and so must the placement that follows from it
+ * (every page's device block and residency, the counters), the first
+ * selections of the steps after it, and kvt_pool_check.
+ *
  * Exits 77 without a CUDA device; the -emu build runs it on the CPU
  * emulation. */
 #include <math.h>
@@ -64,6 +74,7 @@ typedef struct {
     void *stream;
     float *d_k, *d_v, *d_q, *d_out, *d_lse;
     tu_rng r;
+    bool ints; /* prompts of small integers (exact scores) */
 } fx;
 
 static void *dev(size_t bytes)
@@ -101,6 +112,13 @@ static kvt_pool_opts opts_of(fx *f, kvt_backend b, uint64_t dev_blocks, uint64_t
     return o;
 }
 
+/* Integers -3 .. 3. */
+static void int_rows(tu_rng *r, float *x, size_t n)
+{
+    for (size_t e = 0; e < n; e++)
+        x[e] = (float)(tu_next(r) % 7u) - 3.0f;
+}
+
 /* Prefill of n tokens into sequence i of both pools. */
 static void prefill(fx *f, uint32_t i, uint32_t n)
 {
@@ -108,7 +126,7 @@ static void prefill(fx *f, uint32_t i, uint32_t n)
     float *k = malloc(rows * sizeof(float)), *v = malloc(rows * sizeof(float));
     float *dk = dev(rows * sizeof(float)), *dv = dev(rows * sizeof(float));
     for (uint32_t l = 0; l < L; l++) {
-        rand_rows(&f->r, k, rows);
+        (f->ints ? int_rows : rand_rows)(&f->r, k, rows);
         rand_rows(&f->r, v, rows);
         CU_OK(kvt__cu_memcpy(dk, k, rows * sizeof(float)));
         CU_OK(kvt__cu_memcpy(dv, v, rows * sizeof(float)));
@@ -291,13 +309,9 @@ static void run_step(fx *f, uint32_t step, uint32_t *reranked)
     TU_CHECK(f->gpu);
 }
 
-static void test_tiered_vs_cpu(void **state)
+/* Stable heads with a small budget and window, one unstable head per layer. */
+static void make_policy(fx *f, const kvt_geometry *g)
 {
-    (void)state;
-    fx f;
-    memset(&f, 0, sizeof f);
-    f.r = (tu_rng){0x7133edull};
-    kvt_geometry g = {L, H, HQ, D, P, KVT_DTYPE_F16, {0, 0}};
     kvt_head_class cls[NLH];
     uint32_t k[NLH], w[NLH], sink[NLH], local[NLH], iv[NLH];
     for (uint32_t b = 0; b < NLH; b++) {
@@ -309,7 +323,17 @@ static void test_tiered_vs_cpu(void **state)
         iv[b] = b % H == 3 ? 1 : 2 + b % 3;
     }
     kvt_policy_heads hd = {sizeof hd, NLH, cls, k, w, sink, local, iv};
-    TU_OK(kvt_policy_create_heads(&f.pol, &g, NULL, &hd));
+    TU_OK(kvt_policy_create_heads(&f->pol, g, NULL, &hd));
+}
+
+static void test_tiered_vs_cpu(void **state)
+{
+    (void)state;
+    fx f;
+    memset(&f, 0, sizeof f);
+    f.r = (tu_rng){0x7133edull};
+    kvt_geometry g = {L, H, HQ, D, P, KVT_DTYPE_F16, {0, 0}};
+    make_policy(&f, &g);
     kvt_selector_opts so = KVT_SELECTOR_OPTS_INIT;
     TU_OK(kvt_selector_create(&f.sel, &g, &so));
     /* Device: the unstable heads' pages and about a dozen per stable head;
@@ -352,10 +376,8 @@ static void test_tiered_vs_cpu(void **state)
     assert_true(st.moved_requests[KVT_DIR_DISK_TO_HOST] > 0);
     same_contents(&f);
 
-    /* What a tiered CUDA pool refuses: the warm-up scores on the host. */
-    float obs[L * HQ * D] = {0};
-    TU_EXPECT_ERR(kvt_seq_warmup(f.gpu, f.ig[0], obs, 1), KVT_ENOTSUP, "kvt_seq_warmup");
-    /* ... and a dense step: stable heads keep most pages off the device. */
+    /* What a tiered CUDA pool refuses: a dense step (stable heads keep most
+     * pages off the device). */
     kvt_step_opts dso = KVT_STEP_OPTS_INIT;
     dso.flags = KVT_STEP_DENSE;
     dso.selector = f.sel;
@@ -363,6 +385,101 @@ static void test_tiered_vs_cpu(void **state)
     TU_EXPECT_ERR(kvt_step_plan(f.gpu, f.ig, NS, &dso, &ds), KVT_ENOTSUP, "KVT_STEP_DENSE");
     assert_null(ds);
     fx_free(&f);
+}
+
+#define NOBS 5u
+
+/* Every stable head's importance of sequence i on both pools. */
+static void same_importance(const fx *f, uint32_t i, bool exact, const char *what)
+{
+    kvt__seq *a, *b;
+    TU_OK(kvt__seq_lookup(f->cpu, f->ic[i], &a));
+    TU_OK(kvt__seq_lookup(f->gpu, f->ig[i], &b));
+    for (uint32_t l = 0; l < L; l++)
+        for (uint32_t h = 0; h < H; h++) {
+            const size_t lh = (size_t)l * H + h;
+            if (h == 3) /* unstable */
+                continue;
+            for (uint32_t pg = 0; pg < (a->n_tokens[l] + P - 1) / P; pg++) {
+                const float x = a->imp[lh * a->cap_pages + pg], y = b->imp[lh * b->cap_pages + pg];
+                const bool ok = exact ? memcmp(&x, &y, sizeof x) == 0
+                                      : fabsf(x - y) <= 2e-5f * (1.0f + fabsf(x));
+                if (!ok)
+                    fail_msg("%s: seq %u layer %u head %u page %u: importance CPU %.9g CUDA "
+                             "%.9g", what, i, l, h, pg, (double)x, (double)y);
+            }
+        }
+}
+
+static void test_warmup_vs_cpu(void **state)
+{
+    (void)state;
+    static const struct {
+        kvt_score_method method;
+        kvt_vote vote;
+        int no_blas, split; /* split: a scoring budget of 1 KiB (queries in several calls) */
+    } cfg[] = {{KVT_SCORE_MINMAX, KVT_VOTE_SUM, 0, 0},      {KVT_SCORE_MEAN, KVT_VOTE_MAX, 0, 1},
+               {KVT_SCORE_MINMAX, KVT_VOTE_SOFTVOTE, 0, 0}, {KVT_SCORE_MINMAX, KVT_VOTE_MAX, 1, 0},
+               {KVT_SCORE_MEAN, KVT_VOTE_SUM, 1, 1},        {KVT_SCORE_MEAN, KVT_VOTE_SOFTVOTE, 1, 0}};
+    const size_t budget = kvt__cuda_warm_budget;
+    for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; c++) {
+        char what[96];
+        snprintf(what, sizeof what, "method %u vote %u%s%s", (unsigned)cfg[c].method,
+                 (unsigned)cfg[c].vote, cfg[c].no_blas ? " (no cuBLAS)" : "",
+                 cfg[c].split ? " (split)" : "");
+        kvt__cuda_warm_budget = cfg[c].split ? 1024 : budget;
+        printf("# warm-up: %s\n", what);
+        fx f;
+        memset(&f, 0, sizeof f);
+        f.r = (tu_rng){0x3a47ull + c};
+        f.ints = true;
+        kvt_geometry g = {L, H, HQ, D, P, KVT_DTYPE_F16, {0, 0}};
+        make_policy(&f, &g);
+        kvt_selector_opts so = KVT_SELECTOR_OPTS_INIT;
+        so.method = cfg[c].method;
+        so.vote = cfg[c].vote;
+        so.vote_scale = 0.125f;
+        TU_OK(kvt_selector_create(&f.sel, &g, &so));
+        kvt__cu_blas_forbid(cfg[c].no_blas);
+        kvt_pool_opts oc = opts_of(&f, KVT_BACKEND_CPU, 420, 150, true);
+        kvt_pool_opts og = opts_of(&f, KVT_BACKEND_CUDA, 420, 150, true);
+        TU_OK(kvt_pool_create(&f.cpu, &oc));
+        TU_OK(kvt_pool_create(&f.gpu, &og));
+        fx_buffers(&f);
+        const uint32_t len[NS] = {300, 530, 700};
+        float *obs = malloc((size_t)L * NOBS * HQ * D * sizeof(float));
+        kvt_mover *mc, *mg;
+        TU_OK(kvt_pool_mover(f.cpu, &mc));
+        TU_OK(kvt_pool_mover(f.gpu, &mg));
+        for (uint32_t i = 0; i < NS; i++) {
+            /* Each call starts from the same tiers on both pools: no
+             * offload or read in flight (the host's free blocks decide
+             * which host copies the warm-up keeps). */
+            new_seq(&f, i, len[i]);
+            TU_OK(kvt_mover_wait(mc, KVT_FENCE_ALL, UINT64_MAX));
+            TU_OK(kvt_mover_wait(mg, KVT_FENCE_ALL, UINT64_MAX));
+            int_rows(&f.r, obs, (size_t)L * NOBS * HQ * D);
+            TU_OK(kvt_seq_warmup(f.cpu, f.ic[i], obs, NOBS));
+            TU_OK(kvt_seq_warmup(f.gpu, f.ig[i], obs, NOBS));
+            same_importance(&f, i, cfg[c].vote != KVT_VOTE_SOFTVOTE, what);
+            TU_OK(kvt_mover_wait(mc, KVT_FENCE_ALL, UINT64_MAX));
+            TU_OK(kvt_mover_wait(mg, KVT_FENCE_ALL, UINT64_MAX));
+        }
+        free(obs);
+        for (uint32_t l = 0; l < L; l++)
+            same_placement(&f, l, what);
+        same_stats(&f, 0);
+        assert_true(stats_of(f.gpu).promoted_pages > 0);
+        TU_CHECK(f.cpu);
+        TU_CHECK(f.gpu);
+        /* The first steps reuse the warm-up's top-K sets. */
+        uint32_t reranked = 0;
+        for (uint32_t step = 0; step < 3; step++)
+            run_step(&f, step, &reranked);
+        kvt__cu_blas_forbid(0);
+        kvt__cuda_warm_budget = budget;
+        fx_free(&f);
+    }
 }
 
 static void move_both(fx *f, const kvt_move *mc, uint32_t n)
@@ -482,6 +599,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tiered_vs_cpu),
         cmocka_unit_test(test_moves_vs_cpu),
+        cmocka_unit_test(test_warmup_vs_cpu),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
