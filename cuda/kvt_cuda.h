@@ -59,6 +59,10 @@ KVT__HIDDEN int kvt__cu_host_register(void *h, size_t bytes);
 KVT__HIDDEN void kvt__cu_host_unregister(void *h);
 /* The device pointer of pinned mapped host memory (UVA: the same address). */
 KVT__HIDDEN void *kvt__cu_host_device_ptr(void *h);
+/* 1 when kernels on `device` may use the host address of registered
+ * (cudaHostRegister) memory as is (unified addressing and
+ * cudaDevAttrCanUseHostPointerForRegisteredMem), else 0. */
+KVT__HIDDEN int kvt__cu_host_ptr_direct(int device);
 KVT__HIDDEN int kvt__cu_stream_create(void **stream, int low_priority);
 KVT__HIDDEN void kvt__cu_stream_destroy(void *stream);
 KVT__HIDDEN int kvt__cu_stream_sync(void *stream);
@@ -250,9 +254,10 @@ KVT__HIDDEN int kvt__cu_copy_kernel(const kvt__cu_copy *d_list, uint32_t n, uint
                                     uint64_t chunk_bytes, void *stream);
 /* The same copies as cudaMemcpyAsync calls (h_list on the host). */
 KVT__HIDDEN int kvt__cu_copy_memcpy(const kvt__cu_copy *h_list, uint32_t n, void *stream);
-/* Below this size per transfer the kernel is expected to beat
- * cudaMemcpyAsync (kvtier-bench --backend cuda copy measures the crossover).
- * The mover does not switch yet: it copies every page with cudaMemcpyAsync. */
+/* Up to this size per transfer the mover copies with the kernel, above it
+ * with cudaMemcpyAsync (the default of kvt__cuda_copy_kernel_max; a guess
+ * until kvtier-bench --backend cuda copy has measured the crossover on a
+ * GPU). */
 #define KVT__CU_COPY_KERNEL_MAX (1u << 20)
 
 /* Dirty-range table sync: for each range, n entries of the pinned host

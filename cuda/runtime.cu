@@ -88,6 +88,18 @@ void kvt__cu_host_unregister(void *h)
 #endif
 }
 
+int kvt__cu_host_ptr_direct(int device)
+{
+    int ua = 0, direct = 0;
+    if (cudaDeviceGetAttribute(&ua, cudaDevAttrUnifiedAddressing, device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&direct, cudaDevAttrCanUseHostPointerForRegisteredMem, device) !=
+            cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return ua && direct;
+}
+
 void *kvt__cu_host_device_ptr(void *h)
 {
     void *d = NULL;

@@ -1001,6 +1001,7 @@ cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, int dev
     case cudaDevAttrComputeCapabilityMinor: *value = 0; break;
     case cudaDevAttrCanMapHostMemory: *value = 1; break;
     case cudaDevAttrUnifiedAddressing: *value = 1; break;
+    case cudaDevAttrCanUseHostPointerForRegisteredMem: *value = 1; break;
     case cudaDevAttrConcurrentKernels: *value = 1; break;
     default: return fail(cudaErrorInvalidValue);
     }

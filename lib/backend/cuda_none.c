@@ -119,12 +119,14 @@ void kvt__cuda_mv_event_free(void *event)
     (void)event;
 }
 
-int kvt__cuda_mv_copy(const kvt_pool *p, void *stream, void *after, void *dst, const void *src,
-                      size_t n)
+int kvt__cuda_mv_copy(const kvt_pool *p, void *copier, void *after, void *dst, const void *src,
+                      size_t n, bool uva)
 {
-    (void)p, (void)stream, (void)after, (void)dst, (void)src, (void)n;
+    (void)p, (void)copier, (void)after, (void)dst, (void)src, (void)n, (void)uva;
     return KVT__NO_CUDA;
 }
+
+size_t kvt__cuda_copy_kernel_max;
 
 int kvt__cuda_mv_sync(const kvt_pool *p, void *stream)
 {

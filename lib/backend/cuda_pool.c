@@ -45,6 +45,7 @@ typedef struct kvt__guard {
 
 struct kvt__cuda {
     int device;
+    bool uva_direct;       /* kernels may use registered host addresses as is */
     void *stream;          /* the pool's own stream (prefill; steps without one) */
     void *done;            /* recorded when a step finishes */
     bool done_pending;
@@ -192,6 +193,7 @@ int kvt__cuda_pool_init(kvt_pool *p, const kvt_pool_opts *o)
     if (!rc)
         memset(c->h_zero, 0, 16);
     c->lower = kvt__has_tier(p, KVT_TIER_HOST) || p->disk;
+    c->uva_direct = kvt__cu_host_ptr_direct(c->device) != 0;
     /* The host tier keeps its NUMA placement (libnuma mapped it) and is
      * pinned and mapped in place: the mover's copies are DMA, and kernels
      * may read it through UVA. */
@@ -1082,19 +1084,47 @@ int kvt__cuda_step_place(kvt_step *st, uint32_t layer, uint32_t *missing)
 
 /* ---- the tier mover's copies ---------------------------------------------- */
 
-int kvt__cuda_mv_stream(const kvt_pool *p, void **stream)
+/* A copy thread's (or the I/O thread's) copies: a low-priority stream
+ * and a pinned, device-visible list of the round's copies, issued together
+ * by kvt__cuda_mv_sync. */
+#define KVT__MV_LIST 256u
+typedef struct kvt__cu_mv {
+    void *stream;
+    kvt__cu_copy *list;
+    uint32_t n;
+    int err;           /* first error of the round (a failed event wait) */
+    void *last_ev;     /* the stream already waits for it */
+} kvt__cu_mv;
+
+size_t kvt__cuda_copy_kernel_max = KVT__CU_COPY_KERNEL_MAX;
+
+int kvt__cuda_mv_stream(const kvt_pool *p, void **out)
 {
+    *out = NULL;
     int rc = kvt__cu_set_device(p->cu->device);
-    if (rc) {
-        *stream = NULL;
+    if (rc)
+        return rc;
+    kvt__cu_mv *m = calloc(1, sizeof *m);
+    if (!m)
+        return kvt__err(KVT_ENOMEM, "mover: cannot allocate a CUDA copy list");
+    if ((rc = kvt__cu_stream_create(&m->stream, 1)) ||
+        (rc = kvt__cu_host_alloc((void **)&m->list, KVT__MV_LIST * sizeof *m->list))) {
+        kvt__cu_stream_destroy(m->stream);
+        free(m);
         return rc;
     }
-    return kvt__cu_stream_create(stream, 1);
+    *out = m;
+    return 0;
 }
 
-void kvt__cuda_mv_stream_free(void *stream)
+void kvt__cuda_mv_stream_free(void *h)
 {
-    kvt__cu_stream_destroy(stream);
+    kvt__cu_mv *m = h;
+    if (!m)
+        return;
+    kvt__cu_stream_destroy(m->stream);
+    kvt__cu_host_free(m->list);
+    free(m);
 }
 
 int kvt__cuda_mv_mark(kvt_pool *p, void **event)
@@ -1123,20 +1153,60 @@ void kvt__cuda_mv_event_free(void *event)
     kvt__cu_event_destroy(event);
 }
 
-int kvt__cuda_mv_copy(const kvt_pool *p, void *stream, void *after, void *dst, const void *src,
-                      size_t n)
+int kvt__cuda_mv_copy(const kvt_pool *p, void *h, void *after, void *dst, const void *src,
+                      size_t n, bool uva)
 {
+    kvt__cu_mv *m = h;
     int rc = kvt__cu_set_device(p->cu->device);
-    if (!rc && after)
-        rc = kvt__cu_stream_wait_event(stream, after);
-    const kvt__cu_copy cp = {(uint64_t)(uintptr_t)src, (uint64_t)(uintptr_t)dst, n};
-    return rc ? rc : kvt__cu_copy_memcpy(&cp, 1, stream);
+    if (!rc && m->n == KVT__MV_LIST) /* the list is full: issue it and wait */
+        rc = kvt__cuda_mv_sync(p, m);
+    if (!rc && after && after != m->last_ev) {
+        /* Every copy of the round is issued after this wait. */
+        rc = kvt__cu_stream_wait_event(m->stream, after);
+        m->last_ev = rc ? NULL : after;
+    }
+    if (rc) {
+        m->err = m->err ? m->err : rc;
+        return rc;
+    }
+    /* Copies the kernel may not serve (a host side not mapped for the GPU)
+     * are marked with the top bit of their size. */
+    m->list[m->n++] = (kvt__cu_copy){(uint64_t)(uintptr_t)src, (uint64_t)(uintptr_t)dst,
+                                     (uint64_t)n | (uva ? 0 : 1ull << 63)};
+    return 0;
 }
 
-int kvt__cuda_mv_sync(const kvt_pool *p, void *stream)
+/* Issues the round's copies and waits for them: those of at most
+ * kvt__cuda_copy_kernel_max bytes (with both sides visible to the GPU) in
+ * one launch of the zero-copy kernel, the others with cudaMemcpyAsync.
+ * The stream is waited for even after an error, so no copy is still
+ * landing when the caller reuses or frees a block. */
+int kvt__cuda_mv_sync(const kvt_pool *p, void *h)
 {
-    (void)p;
-    return kvt__cu_stream_sync(stream);
+    kvt__cu_mv *m = h;
+    if (!m) /* the copier could not be made: its error is reported already */
+        return 0;
+    const bool direct = p->cu->uva_direct;
+    uint32_t nk = 0;
+    int rc = m->err;
+    for (uint32_t i = 0; i < m->n; i++) { /* kernel copies to the front */
+        kvt__cu_copy c = m->list[i];
+        if (direct && !(c.bytes >> 63) && c.bytes <= kvt__cuda_copy_kernel_max) {
+            m->list[i] = m->list[nk];
+            m->list[nk++] = c;
+        }
+    }
+    for (uint32_t i = nk; i < m->n; i++)
+        m->list[i].bytes &= ~(1ull << 63);
+    if (!rc && nk)
+        rc = kvt__cu_copy_kernel(m->list, nk, 0, 0, m->stream);
+    if (!rc && m->n > nk)
+        rc = kvt__cu_copy_memcpy(m->list + nk, m->n - nk, m->stream);
+    const int e2 = kvt__cu_stream_sync(m->stream);
+    m->n = 0;
+    m->err = 0;
+    m->last_ev = NULL;
+    return rc ? rc : e2;
 }
 
 int kvt__cuda_host_pin(const kvt_pool *p, void *h, size_t bytes)

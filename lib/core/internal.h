@@ -184,14 +184,25 @@ KVT__HIDDEN int kvt__cuda_step_place(struct kvt_step *st, uint32_t layer, uint32
  * low-priority stream; a batch touching the device tier carries an event
  * recorded on the host thread at submit time (after the kernels that wrote
  * or read its blocks), which the copies wait for on the GPU. */
-KVT__HIDDEN int kvt__cuda_mv_stream(const struct kvt_pool *p, void **stream);
-KVT__HIDDEN void kvt__cuda_mv_stream_free(void *stream);
+/* A thread's copier: its stream and a pinned list of the copies of the
+ * current round. */
+KVT__HIDDEN int kvt__cuda_mv_stream(const struct kvt_pool *p, void **copier);
+KVT__HIDDEN void kvt__cuda_mv_stream_free(void *copier);
 KVT__HIDDEN int kvt__cuda_mv_mark(struct kvt_pool *p, void **event);
 KVT__HIDDEN void kvt__cuda_mv_event_free(void *event);
-/* Queues a copy of n bytes (either side device memory) after `after`. */
-KVT__HIDDEN int kvt__cuda_mv_copy(const struct kvt_pool *p, void *stream, void *after, void *dst,
-                                  const void *src, size_t n);
-KVT__HIDDEN int kvt__cuda_mv_sync(const struct kvt_pool *p, void *stream);
+/* Adds a copy of n bytes (either side device memory) to the copier's
+ * round, after the event `after`; uva: the host side (if any) is pinned and
+ * mapped, so the zero-copy kernel may serve it. A full list issues and
+ * waits for the round first. */
+KVT__HIDDEN int kvt__cuda_mv_copy(const struct kvt_pool *p, void *copier, void *after, void *dst,
+                                  const void *src, size_t n, bool uva);
+/* Issues the round (transfers up to kvt__cuda_copy_kernel_max bytes in one
+ * launch of the zero-copy kernel, larger ones with cudaMemcpyAsync) and
+ * waits for it, even after an error. */
+KVT__HIDDEN int kvt__cuda_mv_sync(const struct kvt_pool *p, void *copier);
+/* The mover's switch between the copy kernel and cudaMemcpyAsync (bytes;
+ * default KVT__CU_COPY_KERNEL_MAX, 1 MiB; tests change it). */
+KVT__HIDDEN extern size_t kvt__cuda_copy_kernel_max;
 /* Pins host memory for the GPU in place (the I/O thread's staging);
  * unpin before it is unmapped. */
 KVT__HIDDEN int kvt__cuda_host_pin(const struct kvt_pool *p, void *h, size_t bytes);

@@ -135,7 +135,7 @@ static void *kvt__copy_thread(void *arg)
     kvt_pool *p = m->pool;
     const uint32_t chunk = m->o.chunk_pages;
     kvt__op *mine[64];
-    void *cs = NULL; /* CUDA stream of this thread, created at its first device copy */
+    void *cs = NULL; /* CUDA copier of this thread, created at its first device copy */
     pthread_mutex_lock(&m->mu);
     for (;;) {
         while (!m->cq_head[0] && !m->cq_head[1] && !m->stop)
@@ -150,8 +150,10 @@ static void *kvt__copy_thread(void *arg)
             mine[n++] = kvt__q_pop(&m->cq_head[q], &m->cq_tail[q]);
         pthread_mutex_unlock(&m->mu);
         /* CUDA pools: copies touching the device tier go through this
-         * thread's low-priority stream, after their batch's event, and are
-         * complete when the stream is. */
+         * thread's low-priority stream, after their batch's event, issued
+         * together (one launch of the zero-copy kernel for page-sized
+         * transfers: the host tier is pinned and mapped) and complete when
+         * the stream is. */
         int cerr = 0;
         bool queued = false;
         for (uint32_t i = 0; i < n; i++) {
@@ -165,7 +167,8 @@ static void *kvt__copy_thread(void *arg)
             if (!cerr && !cs)
                 cerr = kvt__cuda_mv_stream(p, &cs);
             if (!cerr)
-                cerr = kvt__cuda_mv_copy(p, cs, op->batch->cu_ev, dst, src, (size_t)p->block_bytes);
+                cerr = kvt__cuda_mv_copy(p, cs, op->batch->cu_ev, dst, src, (size_t)p->block_bytes,
+                                         true);
             queued = true;
         }
         if (queued) { /* even after an error: no copy may still be landing */

@@ -159,7 +159,7 @@ struct kvt_mover {
     uint32_t n_free_units;
     kvt__iou **prep;                    /* [n_units] to (re)submit */
     kvt__iou **done_units;              /* [n_units] completed, not yet checked */
-    void *io_cs;                        /* CUDA pools: the I/O thread's stream */
+    void *io_cs;                        /* CUDA pools: the I/O thread's copier */
     bool stage_pinned;                  /* CUDA pools: stage registered with CUDA */
     /* Caller-thread state. */
     kvt__batch *batches;

@@ -157,8 +157,9 @@ int kvt__mover_fault(kvt_mover *m, bool write, uint32_t kind, uint64_t nth)
 #endif
 
 /* A copy between a staging buffer and a block: through the I/O thread's
- * CUDA stream when the block is in a CUDA pool's device tier (queued after
- * the batch's event; kvt__cuda_mv_sync completes it), else memcpy. */
+ * CUDA copier when the block is in a CUDA pool's device tier (after the
+ * batch's event; kvt__cuda_mv_sync issues and completes it; the kernel
+ * serves it when the staging is pinned), else memcpy. */
 static int kvt__stage_copy(kvt_mover *m, const kvt__op *op, uint32_t tier, void *dst,
                            const void *src, bool *queued)
 {
@@ -169,7 +170,8 @@ static int kvt__stage_copy(kvt_mover *m, const kvt__op *op, uint32_t tier, void 
     }
     int rc = m->io_cs ? 0 : kvt__cuda_mv_stream(p, &m->io_cs);
     if (!rc)
-        rc = kvt__cuda_mv_copy(p, m->io_cs, op->batch->cu_ev, dst, src, p->disk->block_bytes);
+        rc = kvt__cuda_mv_copy(p, m->io_cs, op->batch->cu_ev, dst, src, p->disk->block_bytes,
+                               m->stage_pinned);
     *queued = true;
     return rc;
 }

@@ -16,7 +16,8 @@
  * the end, every stored row bit for bit, from whichever tier holds it.
  *
  * test_moves_vs_cpu: a CUDA pool without a policy, with host and disk
- * tiers: the same explicit mover batches (device -> host, host -> disk,
+ * tiers (its device copies by the zero-copy kernel, then again all by
+ * cudaMemcpyAsync): the same explicit mover batches (device -> host, host -> disk,
  * disk -> device, device -> disk, dropping sources or not) on both pools,
  * compared page by page; a decode over a page that lives only on the host
  * is refused on CUDA (KVT_ESTATE, the CPU reads the host page in place)
@@ -512,9 +513,9 @@ static void move_both(fx *f, const kvt_move *mc, uint32_t n)
     TU_CHECK(f->gpu);
 }
 
-static void test_moves_vs_cpu(void **state)
+static void run_moves(size_t kernel_max)
 {
-    (void)state;
+    kvt__cuda_copy_kernel_max = kernel_max;
     fx f;
     memset(&f, 0, sizeof f);
     f.r = (tu_rng){0x30e5ull};
@@ -577,6 +578,16 @@ static void test_moves_vs_cpu(void **state)
         }
     }
     fx_free(&f);
+    kvt__cuda_copy_kernel_max = KVT__CU_COPY_KERNEL_MAX;
+}
+
+/* The mover's device copies by the zero-copy kernel (pages of 8 KiB are
+ * below the switch), then all by cudaMemcpyAsync. */
+static void test_moves_vs_cpu(void **state)
+{
+    (void)state;
+    run_moves(KVT__CU_COPY_KERNEL_MAX);
+    run_moves(0);
 }
 
 static int setup(void **state)
