@@ -19,15 +19,7 @@
 namespace {
 
 // f32 operations that must round exactly like the CPU's: never contracted
-// with a neighbouring multiply into an FMA.
-KVT_DEV float kvt_ap_add(float a, float b)
-{
-#if defined(__CUDA_ARCH__)
-    return __fadd_rn(a, b);
-#else
-    return a + b;
-#endif
-}
+// with a neighbouring multiply into an FMA (sums: kvt_add_rn).
 KVT_DEV float kvt_ap_div(float a, float b)
 {
 #if defined(__CUDA_ARCH__)
@@ -86,7 +78,7 @@ KVT_DEV void kvt_ap_segment(const kvt__cu_append_args &a, const kvt__cu_append_i
             const float lo = x == x ? x : -INFINITY, hi = x == x ? x : INFINITY;
             mn = lo < mn ? lo : mn;
             mx = hi > mx ? hi : mx;
-            sum = kvt_ap_add(sum, x);
+            sum = kvt_add_rn(sum, x);
         }
         const uint32_t count = slot0 + (t1 - t0);
         kvt_store(meta, d, a.dtype, mn, KVT_RD);

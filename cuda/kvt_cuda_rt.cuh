@@ -90,6 +90,25 @@ template <int N> KVT_DEV void kvt_cp_async_wait_groups(void)
 #endif
 
 KVT_HD uint32_t kvt_umin(uint32_t a, uint32_t b) { return a < b ? a : b; }
+
+// f32 products and sums rounded one at a time, like the CPU reference's
+// (never contracted with a neighbouring operation into an FMA).
+KVT_DEV float kvt_mul_rn(float a, float b)
+{
+#if defined(__CUDA_ARCH__)
+    return __fmul_rn(a, b);
+#else
+    return a * b;
+#endif
+}
+KVT_DEV float kvt_add_rn(float a, float b)
+{
+#if defined(__CUDA_ARCH__)
+    return __fadd_rn(a, b);
+#else
+    return a + b;
+#endif
+}
 KVT_HD uint32_t kvt_umax(uint32_t a, uint32_t b) { return a > b ? a : b; }
 KVT_HD uint64_t kvt_umin64(uint64_t a, uint64_t b) { return a < b ? a : b; }
 

@@ -38,24 +38,6 @@ constexpr uint32_t KVT_SC_MAX_GROUPS = KVT_SC_THREADS_SV / KVT_SC_LANES;
 constexpr uint32_t KVT_SC_PAGES_PER_GROUP = 4; // SUM / MAX: sizes grid.y
 constexpr size_t KVT_SC_QSMEM = 32 * 1024;    // query rows staged in shared memory up to this
 
-// Products and sums whose rounding the CPU does separately (no FMA).
-KVT_DEV float kvt_sc_mul(float a, float b)
-{
-#if defined(__CUDA_ARCH__)
-    return __fmul_rn(a, b);
-#else
-    return a * b;
-#endif
-}
-KVT_DEV float kvt_sc_add(float a, float b)
-{
-#if defined(__CUDA_ARCH__)
-    return __fadd_rn(a, b);
-#else
-    return a + b;
-#endif
-}
-
 struct alignas(16) kvt_sc_v4f {
     float x, y, z, w;
 };
@@ -237,7 +219,7 @@ KVT_SC_UNROLL
                     if (g0 + j == 0)
                         v = r;
                     else if (a.vote == KVT_VOTE_SUM)
-                        v = kvt_sc_add(v, r);
+                        v = kvt_add_rn(v, r);
                     else // the CPU's MAX: a NaN head takes the vote and keeps it
                         v = r > v || r != r ? r : v;
                 }
@@ -268,7 +250,7 @@ KVT_SC_UNROLL
                 continue;
 KVT_SC_UNROLL
             for (uint32_t j = 0; j < KVT_SC_GR; j++) {
-                const float r = kvt_sc_mul(acc[j], scale);
+                const float r = kvt_mul_rn(acc[j], scale);
                 sp[j] |= (r != r || r == INFINITY) ? 1u : 0u;
                 kvt_sc_online(m[j], s[j], r);
             }
@@ -313,11 +295,11 @@ KVT_SC_UNROLL
                 if (j >= gn)
                     break;
                 const uint32_t g = g0 + j;
-                const float r = kvt_sc_mul(acc[j], scale);
+                const float r = kvt_mul_rn(acc[j], scale);
                 const float c = st_sp[g] != 0.0f
                                     ? ((r != r || r == INFINITY) ? INFINITY : 0.0f)
-                                    : kvt_sc_mul(expf(r - st_m[g]), st_inv[g]);
-                v = kvt_sc_add(v, c);
+                                    : kvt_mul_rn(expf(r - st_m[g]), st_inv[g]);
+                v = kvt_add_rn(v, c);
             }
         }
         if (live && lg == 0)

@@ -36,24 +36,6 @@ namespace {
 constexpr uint32_t KVT_WM_TILE = 16;      // fallback GEMM: 16 x 16 outputs a block
 constexpr uint32_t KVT_WM_THREADS = 256;  // gather, stats, vote
 
-// Products and sums the CPU rounds one at a time (no FMA contraction).
-KVT_DEV float kvt_wm_mul(float a, float b)
-{
-#if defined(__CUDA_ARCH__)
-    return __fmul_rn(a, b);
-#else
-    return a * b;
-#endif
-}
-KVT_DEV float kvt_wm_add(float a, float b)
-{
-#if defined(__CUDA_ARCH__)
-    return __fadd_rn(a, b);
-#else
-    return a + b;
-#endif
-}
-
 uint32_t kvt_wm_width(const kvt__cu_warm_args *a)
 {
     return a->method == KVT_SCORE_MINMAX ? 2u * a->D : a->D;
@@ -121,7 +103,7 @@ KVT_KERNEL __launch_bounds__(KVT_WM_THREADS) kvt_wm_stats(const kvt__cu_warm_arg
     float m = -INFINITY;
     uint32_t f = 0;
     for (uint32_t j = threadIdx.x; j < np; j += blockDim.x) {
-        const float r = kvt_wm_mul(row[j], a.vote_scale);
+        const float r = kvt_mul_rn(row[j], a.vote_scale);
         f |= r != r ? 1u : 0u;
         m = r > m ? r : m;
     }
@@ -142,7 +124,7 @@ KVT_KERNEL __launch_bounds__(KVT_WM_THREADS) kvt_wm_stats(const kvt__cu_warm_arg
     float sum = 0.0f;
     if (!special)
         for (uint32_t j = threadIdx.x; j < np; j += blockDim.x)
-            sum += expf(kvt_wm_mul(row[j], a.vote_scale) - M);
+            sum += expf(kvt_mul_rn(row[j], a.vote_scale) - M);
     red[threadIdx.x] = sum;
     KVT_SYNC();
     for (uint32_t w = blockDim.x / 2; w > 0; w /= 2) {
@@ -174,34 +156,24 @@ KVT_KERNEL __launch_bounds__(KVT_WM_THREADS) kvt_wm_vote(const kvt__cu_warm_args
             const uint64_t x = hb + (uint64_t)o * G + g;
             const float r = s[x * np + j];
             if (a.vote == KVT_VOTE_SUM) {
-                v = g == 0 ? r : kvt_wm_add(v, r);
+                v = g == 0 ? r : kvt_add_rn(v, r);
             } else if (a.vote == KVT_VOTE_MAX) {
                 v = g == 0 || r > v || r != r ? r : v;
             } else {
-                const float rs = kvt_wm_mul(r, a.vote_scale);
+                const float rs = kvt_mul_rn(r, a.vote_scale);
                 const float c = st[3u * x + 2] != 0.0f
                                     ? ((rs != rs || rs == INFINITY) ? INFINITY : 0.0f)
-                                    : kvt_wm_mul(expf(rs - st[3u * x]), st[3u * x + 1]);
-                v = kvt_wm_add(v, c);
+                                    : kvt_mul_rn(expf(rs - st[3u * x]), st[3u * x + 1]);
+                v = kvt_add_rn(v, c);
             }
         }
-        imp = kvt_wm_add(imp, v != v ? INFINITY : v);
+        imp = kvt_add_rn(imp, v != v ? INFINITY : v);
     }
     a.d_imp[(uint64_t)blockIdx.y * np + j] = imp;
 }
 
 // ---- cuBLAS, loaded at run time -------------------------------------------
-#ifndef KVT_CUDA_EMU
-typedef cublasStatus_t (*kvt_blas_create_fn)(cublasHandle_t *);
-typedef cublasStatus_t (*kvt_blas_destroy_fn)(cublasHandle_t);
-typedef cublasStatus_t (*kvt_blas_stream_fn)(cublasHandle_t, cudaStream_t);
-typedef cublasStatus_t (*kvt_blas_gemm_fn)(cublasHandle_t, cublasOperation_t, cublasOperation_t,
-                                           int, int, int, const float *, const float *, int,
-                                           long long, const float *, int, long long,
-                                           const float *, float *, int, long long, int);
-#define KVT_BLAS_STR2(x) #x
-#define KVT_BLAS_STR(x) KVT_BLAS_STR2(x)
-#else
+#ifdef KVT_CUDA_EMU
 // The emulation's cuBLAS: the same column-major strided batched SGEMM,
 // computed on the host (the emulation runs everything in issue order).
 typedef int cublasStatus_t;
@@ -210,6 +182,10 @@ typedef int cublasOperation_t;
 #define CUBLAS_STATUS_SUCCESS 0
 #define CUBLAS_OP_N 0
 #define CUBLAS_OP_T 1
+#else
+#define KVT_BLAS_STR2(x) #x
+#define KVT_BLAS_STR(x) KVT_BLAS_STR2(x)
+#endif
 typedef cublasStatus_t (*kvt_blas_create_fn)(cublasHandle_t *);
 typedef cublasStatus_t (*kvt_blas_destroy_fn)(cublasHandle_t);
 typedef cublasStatus_t (*kvt_blas_stream_fn)(cublasHandle_t, cudaStream_t);
@@ -217,6 +193,7 @@ typedef cublasStatus_t (*kvt_blas_gemm_fn)(cublasHandle_t, cublasOperation_t, cu
                                            int, int, int, const float *, const float *, int,
                                            long long, const float *, int, long long,
                                            const float *, float *, int, long long, int);
+#ifdef KVT_CUDA_EMU
 int kvt_emu_blas_token;
 cublasStatus_t kvt_emu_blas_create(cublasHandle_t *h)
 {
