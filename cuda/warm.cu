@@ -328,7 +328,7 @@ int kvt__cu_warm(const kvt__cu_warm_args *a, void *stream)
         return kvt__err(KVT_EINVAL, "a->G, a->D: must not be 0");
     const uint64_t R = (uint64_t)a->n_obs * a->G, W = kvt_wm_width(a);
     if (R > 0x7fffffffu || (uint64_t)a->n_pages * W > 0x7fffffffu || R * W > 0x7fffffffu ||
-        R * a->n_pages > 0x7fffffffu || a->n_heads > 65535u)
+        R * a->n_pages > 0x7fffffffu || R * a->n_heads > 0x7fffffffu || a->n_heads > 65535u)
         return kvt__err(KVT_EINVAL, "a: %u heads x %llu rows x %u pages is too large for one call",
                         a->n_heads, (unsigned long long)R, a->n_pages);
     if (a->n_heads == 0 || a->n_pages == 0 || a->n_obs == 0)

@@ -1278,9 +1278,12 @@ int kvt__cuda_warm_imp(kvt_pool *p, kvt__seq *s, const float *obs, uint32_t n_ob
                 hs[nh++] = h;
         if (!np || !nh)
             continue;
-        /* Queries per call: the scores of one call within the budget. */
-        const uint64_t per_obs = (uint64_t)nh * G * np * sizeof(float);
+        /* Queries per call: one call's scores and query rows within the
+         * budget (and, for the fallback kernel, within its grid). */
+        const uint64_t per_obs = (uint64_t)nh * G * ((uint64_t)np + W) * sizeof(float);
         uint64_t oc64 = kvt__cuda_warm_budget / per_obs;
+        if (!c->blas && oc64 > 65535ull * 16u / G)
+            oc64 = 65535ull * 16u / G;
         const uint32_t oc = oc64 < 1 ? 1u : (oc64 > n_obs ? n_obs : (uint32_t)oc64);
         kvt__cu_warm_args a = {
             .n_heads = nh, .n_pages = np, .n_obs = oc, .G = G, .D = D, .dtype = p->g.dtype,
@@ -1340,6 +1343,8 @@ int kvt__cuda_warm_imp(kvt_pool *p, kvt__seq *s, const float *obs, uint32_t n_ob
             memcpy(imp + kvt__lh(p, l, hs[x]) * stride, c->h_wimp + (size_t)x * np,
                    (size_t)np * sizeof(float));
     }
+    if (rc) /* nothing queued may still read the pinned buffers */
+        (void)kvt__cu_stream_sync(c->stream);
     free(hs);
     return rc;
 }

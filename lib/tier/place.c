@@ -492,11 +492,14 @@ KVT_API int kvt_seq_warmup(kvt_pool *pool, kvt_seq_id seq, const float *obs_quer
                           pool->tier[KVT_TIER_DEVICE].n_free, (unsigned long long)n_drop);
     }
     free(mem);
-    /* CUDA: the steps reuse the top-K sets from the GPU's copy. */
-    if (!rc && pool->cu && (rc = kvt__cuda_warm_topk(pool, s)))
+    /* CUDA: the steps reuse the top-K sets from the GPU's copy. Without
+     * them the first steps rerank; the placement goes on. */
+    if (!rc && pool->cu && kvt__cuda_warm_topk(pool, s)) {
         for (size_t lh = 0; lh < (size_t)L * H; lh++)
             if (kvt__stable(pool, lh))
-                s->topk_k[lh] = 0; /* not uploaded: the first steps rerank */
+                s->topk_k[lh] = 0;
+        kvt_clear_error();
+    }
     /* Promotions first: their pages are then busy and the host pass below
      * leaves their host copies alone. */
     if (!rc && b.n) {
