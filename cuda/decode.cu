@@ -776,6 +776,14 @@ KVT__HIDDEN size_t kvt__cu_attn_workspace_bytes(const kvt__cu_attn_args *a)
     return (size_t)pl.ws_bytes;
 }
 
+KVT__HIDDEN uint32_t kvt__cu_attn_split_pages(const kvt__cu_attn_args *a)
+{
+    kvt__attn_plan pl;
+    if (a->n_items == 0 || kvt__attn_plan_make(a, &pl, false))
+        return 0;
+    return pl.k.sp;
+}
+
 KVT__HIDDEN int kvt__cu_attn(const kvt__cu_attn_args *a, void *stream)
 {
     kvt__attn_plan pl;

@@ -235,6 +235,11 @@ typedef struct kvt__cu_attn_args {
     void *d_work;         /* kvt__cu_attn_workspace_bytes(a) bytes */
 } kvt__cu_attn_args;
 KVT__HIDDEN size_t kvt__cu_attn_workspace_bytes(const kvt__cu_attn_args *a);
+/* The pages per split the launch of *a uses (a->split_pages, or the one
+ * chosen for it); 0 when *a is invalid or has no items. A launch over a
+ * subset of a's items with this split_pages needs no more workspace than
+ * *a, and splits each item's pages the same way. */
+KVT__HIDDEN uint32_t kvt__cu_attn_split_pages(const kvt__cu_attn_args *a);
 KVT__HIDDEN int kvt__cu_attn(const kvt__cu_attn_args *a, void *stream);
 
 /* ---- copies and table sync (cuda/copy.cu) ----------------------------------

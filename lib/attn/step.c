@@ -70,6 +70,7 @@ void kvt__step_free(struct kvt_step *st)
     free(st->ev);
     free(st->pml);
     free(st->failed);
+    free(st->run);
     free(st);
 }
 
@@ -442,6 +443,7 @@ KVT_API int kvt_step_plan(kvt_pool *pool, const kvt_seq_id *seqs, uint32_t n_seq
         KVT__REALLOC(pm_off, n_seqs);
         KVT__REALLOC(pm_cnt, n_seqs);
         KVT__REALLOC(failed, n_seqs);
+        KVT__REALLOC(run, n_seqs);
 #undef KVT__REALLOC
         st->cap_n = n_seqs;
     }
@@ -1312,35 +1314,54 @@ static int kvt__dec_failed(kvt_step *st, uint32_t layer, uint8_t *rnd)
                     layer, why);
 }
 
-/* The CUDA backend's decode. With lower tiers, every sequence's promotions
- * land first (a wait on the host for each pending fence), then the block
- * list comes from the host tables and one kernel serves the batch; the
- * sequences whose promotions failed are left out (zeros, -infinity). */
+/* Decodes on CUDA that launched a round before waiting for promotions (a
+ * test hook: the ready-first split ran). */
+uint64_t kvt__cuda_ready_first;
+
+/* The CUDA backend's decode. With lower tiers, ready first, as on the CPU:
+ * round 0 places and launches the sequences whose promotions have landed
+ * (and empties those whose promotions failed: zeros, -infinity); then
+ * round 1 waits on the host for each other sequence's fence and places and
+ * launches those, so their copies overlap round 0's kernels. Block lists
+ * come from the host tables. */
 static int kvt__cuda_decode(kvt_step *st, uint32_t layer, const float *q, float *out, float *lse)
 {
     if (!kvt__cuda_lower(st->pool))
         return kvt__cuda_step_decode(st, layer, q, out, lse, NULL);
-    uint8_t *rnd = NULL;
-    if (st->tiered) {
-        rnd = st->failed;
-        for (uint32_t i = 0; i < st->n; i++) {
-            kvt__settle(st, i, true);
-            rnd[i] = (st->fcode[i] || st->wcode[i]) ? 2 : 0;
-        }
+    uint8_t *rnd = st->failed, *run = st->run;
+    bool late = false, skipped = false;
+    for (uint32_t i = 0; i < st->n; i++) {
+        rnd[i] = !st->tiered ? 0 : kvt__pending(st, i) ? 1 : (st->fcode[i] || st->wcode[i]) ? 2 : 0;
+        run[i] = rnd[i] == 1 ? 0 : rnd[i] == 0 ? 1 : 2;
+        late = late || rnd[i] == 1;
     }
-    uint32_t missing = 0;
-    int rc = kvt__cuda_step_place(st, layer, &missing);
-    bool skipped = false;
-    for (uint32_t i = 0; rnd && i < st->n; i++)
-        skipped = skipped || rnd[i];
+    uint32_t missing = 0, miss1 = 0;
+    int rc = kvt__cuda_step_place(st, layer, run, &missing);
     if (!rc)
-        rc = kvt__cuda_step_decode(st, layer, q, out, lse, rnd);
+        rc = kvt__cuda_step_decode(st, layer, q, out, lse, run);
+    if (!rc && late) {
+        kvt__cuda_ready_first++;
+        for (uint32_t i = 0; i < st->n; i++) {
+            run[i] = 0;
+            if (rnd[i] != 1)
+                continue;
+            kvt__settle(st, i, true);
+            rnd[i] = (st->fcode[i] || st->wcode[i]) ? 2 : 1;
+            run[i] = rnd[i];
+        }
+        rc = kvt__cuda_step_place(st, layer, run, &miss1);
+        if (!rc)
+            rc = kvt__cuda_step_decode(st, layer, q, out, lse, run);
+        missing += miss1;
+    }
+    for (uint32_t i = 0; i < st->n; i++)
+        skipped = skipped || rnd[i] == 2;
     if (skipped) /* the emptied items stay empty: a new decode needs a new selection */
         st->sel_layer = KVT__NO_LAYER;
-    if (rnd) {
-        const int rf = kvt__dec_failed(st, layer, rnd);
-        rc = rc ? rc : rf;
-    }
+    /* Sequences still pending (an error stopped round 1) settle as orphans
+     * before the next selection. */
+    const int rf = kvt__dec_failed(st, layer, rnd);
+    rc = rc ? rc : rf;
     if (!rc && missing)
         rc = kvt__err(KVT_ESTATE, "sparse decode: %u selected page%s of layer %u %s no copy "
                       "in the device tier (the CUDA backend decodes device pages only; fetch "

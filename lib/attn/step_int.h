@@ -59,6 +59,7 @@ struct kvt_step {
     void *ev;                 /* [cap_ev] eviction candidates of one head */
     uint32_t *pml;            /* [cap_ev] promoted pages of one head */
     uint8_t *failed;          /* [n] a promotion of the sequence failed */
+    uint8_t *run;             /* [n] the CUDA decode's rounds */
 
     /* Arguments of the running job. */
     uint32_t layer;

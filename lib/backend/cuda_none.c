@@ -62,9 +62,9 @@ int kvt__cuda_step_select(struct kvt_step *st, uint32_t layer, const float *q)
 }
 
 int kvt__cuda_step_decode(struct kvt_step *st, uint32_t layer, const float *q, float *out,
-                          float *lse, const uint8_t *skip)
+                          float *lse, const uint8_t *run)
 {
-    (void)st, (void)layer, (void)q, (void)out, (void)lse, (void)skip;
+    (void)st, (void)layer, (void)q, (void)out, (void)lse, (void)run;
     return KVT__NO_CUDA;
 }
 
@@ -87,9 +87,10 @@ int kvt__cuda_step_fetch(struct kvt_step *st, uint32_t layer, const uint32_t **s
     return KVT__NO_CUDA;
 }
 
-int kvt__cuda_step_place(struct kvt_step *st, uint32_t layer, uint32_t *missing)
+int kvt__cuda_step_place(struct kvt_step *st, uint32_t layer, const uint8_t *run,
+                         uint32_t *missing)
 {
-    (void)st, (void)layer, (void)missing;
+    (void)st, (void)layer, (void)run, (void)missing;
     return KVT__NO_CUDA;
 }
 
@@ -127,6 +128,7 @@ int kvt__cuda_mv_copy(const kvt_pool *p, void *copier, void *after, void *dst, c
 }
 
 size_t kvt__cuda_copy_kernel_max;
+uint32_t kvt__cuda_mv_delay_us;
 
 int kvt__cuda_mv_sync(const kvt_pool *p, void *stream)
 {

@@ -23,15 +23,18 @@
  * stream), the host's placement (lib/tier/place.c, the step's fused
  * recycle) decides promotions and evictions as on the CPU backend, and the
  * tier mover copies pages between the tiers on its own low-priority
- * streams, each batch after an event recorded when it was submitted. A
- * sequence's decode waits on the host for its promotions' fence; the block
- * list the decode reads is then built from the host tables and uploaded,
+ * streams, each batch after an event recorded when it was submitted. The
+ * decode goes ready first (lib/attn/step.c): the sequences whose
+ * promotions have landed are launched, then each other one waits on the
+ * host for its fence and those are launched; the block list a launch reads
+ * is built from the host tables and uploaded,
  * and the table entries the host changed reach the GPU copy as dirty
  * ranges (the UVA table kernel). kvt_seq_warmup scores on the GPU
  * (cuda/warm.cu: one batched SGEMM per layer, cuBLAS when it loads) and
  * places on the host. The profiler is refused with KVT_ENOTSUP. */
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "../core/internal.h"
 #include "../attn/step_int.h"
@@ -85,6 +88,7 @@ struct kvt__cuda {
     size_t cap_work;
     void *d_work;
     uint32_t np_max;       /* the plan's page bound (sizes the decode split) */
+    uint32_t at_sp;        /* the decode's pages per split for the plan's batch */
     /* Prefill items. */
     kvt__cu_append_item *h_papp;
     size_t cap_papp;
@@ -719,6 +723,9 @@ int kvt__cuda_step_plan(kvt_step *st, void *stream)
                            np_max, 0, (const float *)c->d_dev, (float *)c->d_dev, NULL,
                            c->d_blocks, c->d_ntok, c->d_dev, p->block_bytes, NULL};
     const size_t work = kvt__cu_attn_workspace_bytes(&a);
+    /* Every launch of the step's decode splits as this one would, so a
+     * launch over part of the batch (ready-first) fits the workspace. */
+    const uint32_t at_sp = kvt__cu_attn_split_pages(&a);
     if (work > c->cap_work) {
         if ((rc = kvt__quiesce(c)) || (rc = kvt__dev_grow(&c->d_work, 0, work)))
             return rc;
@@ -745,6 +752,7 @@ int kvt__cuda_step_plan(kvt_step *st, void *stream)
     if ((rc = kvt__tab_flush(p, st->seqs, st->n, 0, L, stream ? stream : c->stream)))
         return rc;
     c->np_max = np_max;
+    c->at_sp = at_sp;
     c->sst = stream ? stream : c->stream; /* the step's work goes there from now */
     c->sync_calls = stream == NULL;
     memset(c->selected, 0, L);
@@ -889,32 +897,45 @@ int kvt__cuda_step_select(kvt_step *st, uint32_t layer, const float *q)
 }
 
 int kvt__cuda_step_decode(kvt_step *st, uint32_t layer, const float *q, float *out, float *lse,
-                          const uint8_t *skip)
+                          const uint8_t *run)
 {
     kvt_pool *p = st->pool;
     struct kvt__cuda *c = p->cu;
+    const uint32_t H = st->H;
+    kvt__cu_attn_item *d_at = c->d_at + (size_t)layer * c->cap_items;
     int rc = kvt__cu_set_device(c->device);
     if (rc)
         return rc;
-    /* Sequences left out: their items' page counts (written by the
+    /* Sequences emptied (run 2): their items' page counts (written by the
      * selection's finish on the GPU) become 0, which the kernel answers
      * with zeros and -infinity. */
-    for (uint32_t i = 0; skip && i < st->n && !rc; i++) {
-        if (!skip[i])
+    for (uint32_t i = 0; run && i < st->n && !rc; i++) {
+        if (run[i] != 2)
             continue;
-        for (uint32_t h = 0; h < st->H && !rc; h++) {
-            kvt__cu_attn_item *it = c->d_at + (size_t)layer * c->cap_items + (size_t)i * st->H + h;
+        for (uint32_t h = 0; h < H && !rc; h++) {
+            kvt__cu_attn_item *it = d_at + (size_t)i * H + h;
             const kvt__cu_copy cp = {(uint64_t)(uintptr_t)c->h_zero,
                                      (uint64_t)(uintptr_t)&it->n_pages, sizeof it->n_pages};
             rc = kvt__cu_copy_memcpy(&cp, 1, c->sst);
         }
     }
-    if (rc)
-        return rc;
-    kvt__cu_attn_args a = {c->d_at + (size_t)layer * c->cap_items, st->n * st->H, st->G, st->D,
-                           st->P, p->g.dtype, st->scale, c->np_max, 0, q, out, lse, c->d_blocks,
-                           c->d_ntok, c->d_dev, p->block_bytes, c->d_work};
-    rc = kvt__cu_attn(&a, c->sst);
+    /* One launch per run of consecutive sequences in the call (the items
+     * of sequence i are [i * H, (i + 1) * H)); every launch splits pages
+     * as the whole batch would (c->at_sp), within the plan's workspace. */
+    for (uint32_t i0 = 0; i0 < st->n && !rc;) {
+        if (run && !run[i0]) {
+            i0++;
+            continue;
+        }
+        uint32_t i1 = i0 + 1;
+        while (i1 < st->n && (!run || run[i1]))
+            i1++;
+        kvt__cu_attn_args a = {d_at + (size_t)i0 * H, (i1 - i0) * H, st->G, st->D, st->P,
+                               p->g.dtype, st->scale, c->np_max, c->at_sp, q, out, lse,
+                               c->d_blocks, c->d_ntok, c->d_dev, p->block_bytes, c->d_work};
+        rc = kvt__cu_attn(&a, c->sst);
+        i0 = i1;
+    }
     if (!rc && c->sync_calls)
         rc = kvt__cu_stream_sync(c->sst);
     return rc;
@@ -1045,7 +1066,7 @@ int kvt__cuda_step_fetch(kvt_step *st, uint32_t layer, const uint32_t **sel)
     return 0;
 }
 
-int kvt__cuda_step_place(kvt_step *st, uint32_t layer, uint32_t *missing)
+int kvt__cuda_step_place(kvt_step *st, uint32_t layer, const uint8_t *run, uint32_t *missing)
 {
     kvt_pool *p = st->pool;
     struct kvt__cuda *c = p->cu;
@@ -1060,6 +1081,8 @@ int kvt__cuda_step_place(kvt_step *st, uint32_t layer, uint32_t *missing)
     uint32_t miss = 0, nc = 0;
     for (uint32_t i = 0; i < st->n; i++) {
         const kvt__seq *s = st->seqs[i];
+        if (run && run[i] != 1)
+            continue;
         for (uint32_t h = 0; h < H; h++) {
             const size_t ih = (size_t)i * H + h;
             const size_t base = kvt__lh(p, layer, h) * s->cap_pages;
@@ -1181,11 +1204,18 @@ int kvt__cuda_mv_copy(const kvt_pool *p, void *h, void *after, void *dst, const 
  * one launch of the zero-copy kernel, the others with cudaMemcpyAsync.
  * The stream is waited for even after an error, so no copy is still
  * landing when the caller reuses or frees a block. */
+uint32_t kvt__cuda_mv_delay_us;
+
 int kvt__cuda_mv_sync(const kvt_pool *p, void *h)
 {
     kvt__cu_mv *m = h;
     if (!m) /* the copier could not be made: its error is reported already */
         return 0;
+    if (kvt__cuda_mv_delay_us && m->n) {
+        const uint32_t us = kvt__cuda_mv_delay_us;
+        const struct timespec ts = {(time_t)(us / 1000000u), (long)(us % 1000000u) * 1000L};
+        (void)nanosleep(&ts, NULL);
+    }
     const bool direct = p->cu->uva_direct;
     uint32_t nk = 0;
     int rc = m->err;

@@ -161,10 +161,12 @@ KVT__HIDDEN int kvt__cuda_step_append(struct kvt_step *st, uint32_t layer, const
                                       const void *v, kvt_dtype src_dtype, uint64_t seq_stride,
                                       const uint32_t *cur);
 KVT__HIDDEN int kvt__cuda_step_select(struct kvt_step *st, uint32_t layer, const float *q);
-/* skip (may be NULL): sequences skip[i] != 0 are left out (their output
- * rows zeros, lse -infinity). */
+/* run (NULL = every sequence, decoded): run[i] == 0 leaves sequence i
+ * out of this call (its rows untouched), 1 decodes it, 2 empties it (its
+ * output rows zeros, lse -infinity, and its items stay empty). One launch
+ * per run of consecutive sequences in the call, all split alike. */
 KVT__HIDDEN int kvt__cuda_step_decode(struct kvt_step *st, uint32_t layer, const float *q,
-                                      float *out, float *lse, const uint8_t *skip);
+                                      float *out, float *lse, const uint8_t *run);
 /* The selection of (sequence, head) ih of the current layer (waits). */
 KVT__HIDDEN int kvt__cuda_step_selection(const struct kvt_step *st, size_t ih, uint32_t *pages,
                                          uint32_t capacity, uint32_t *n_pages);
@@ -175,11 +177,13 @@ KVT__HIDDEN int kvt__cuda_step_finish(struct kvt_step *st);
  * of the selection in *sel (indexed by st->sel_off, counts in
  * st->sel_cnt). */
 KVT__HIDDEN int kvt__cuda_step_fetch(struct kvt_step *st, uint32_t layer, const uint32_t **sel);
-/* Before the decode, once the layer's promotions have landed: syncs the
- * layer's changed table entries to the GPU and uploads the decode's block
- * list from the host tables. *missing: selected pages without a device
- * copy (they read as zeros; the decode reports them). */
-KVT__HIDDEN int kvt__cuda_step_place(struct kvt_step *st, uint32_t layer, uint32_t *missing);
+/* Before the decode of the sequences with run[i] == 1 (run NULL: all),
+ * once their promotions have landed: syncs the layer's changed table
+ * entries to the GPU and uploads those sequences' block lists from the host
+ * tables. *missing: their selected pages without a device copy (they read
+ * as zeros; the decode reports them). */
+KVT__HIDDEN int kvt__cuda_step_place(struct kvt_step *st, uint32_t layer, const uint8_t *run,
+                                     uint32_t *missing);
 /* The tier mover's side: each copy thread (and the I/O thread) has its own
  * low-priority stream; a batch touching the device tier carries an event
  * recorded on the host thread at submit time (after the kernels that wrote
@@ -203,6 +207,12 @@ KVT__HIDDEN int kvt__cuda_mv_sync(const struct kvt_pool *p, void *copier);
 /* The mover's switch between the copy kernel and cudaMemcpyAsync (bytes;
  * default KVT__CU_COPY_KERNEL_MAX, 1 MiB; tests change it). */
 KVT__HIDDEN extern size_t kvt__cuda_copy_kernel_max;
+/* Test hook: each copier sleeps this long before issuing a round (0: not
+ * at all), so promotions are still in flight when the decode comes. */
+KVT__HIDDEN extern uint32_t kvt__cuda_mv_delay_us;
+/* Test hook: CUDA decodes that launched their ready sequences before
+ * waiting for the others' promotions (lib/attn/step.c). */
+KVT__HIDDEN extern uint64_t kvt__cuda_ready_first;
 /* Pins host memory for the GPU in place (the I/O thread's staging);
  * unpin before it is unmapped. */
 KVT__HIDDEN int kvt__cuda_host_pin(const struct kvt_pool *p, void *h, size_t bytes);

@@ -15,6 +15,11 @@
  * (which on CUDA compares the GPU's table copies with the host tables). At
  * the end, every stored row bit for bit, from whichever tier holds it.
  *
+ * test_ready_first_vs_cpu: the same, with the CUDA pool's copiers held
+ * back 3 ms before each round (a test hook), so decodes meet promotions in
+ * flight and go ready first (launch the ready sequences, wait, launch the
+ * others); it checks that some did.
+ *
  * test_moves_vs_cpu: a CUDA pool without a policy, with host and disk
  * tiers (its device copies by the zero-copy kernel, then again all by
  * cudaMemcpyAsync): the same explicit mover batches (device -> host, host -> disk,
@@ -327,9 +332,11 @@ static void make_policy(fx *f, const kvt_geometry *g)
     TU_OK(kvt_policy_create_heads(&f->pol, g, NULL, &hd));
 }
 
-static void test_tiered_vs_cpu(void **state)
+/* delay_us: the CUDA pool's copiers sleep that long before each round, so
+ * a layer's promotions are still in flight when its decode comes and the
+ * decode goes ready first (round 0 launched before the wait). */
+static void run_tiered(uint32_t delay_us)
 {
-    (void)state;
     fx f;
     memset(&f, 0, sizeof f);
     f.r = (tu_rng){0x7133edull};
@@ -351,6 +358,8 @@ static void test_tiered_vs_cpu(void **state)
     for (uint32_t l = 0; l < L; l++)
         same_placement(&f, l, "after the prefill");
     uint32_t reranked = 0;
+    const uint64_t rf0 = kvt__cuda_ready_first;
+    kvt__cuda_mv_delay_us = delay_us;
     for (uint32_t step = 0; step < STEPS; step++) {
         if (step == 9) { /* a sequence leaves, another takes its slot */
             TU_OK(kvt_seq_release(f.cpu, f.ic[1]));
@@ -363,6 +372,8 @@ static void test_tiered_vs_cpu(void **state)
             prefill(&f, 0, 200);
         run_step(&f, step, &reranked);
     }
+    kvt__cuda_mv_delay_us = 0;
+    const uint64_t split = kvt__cuda_ready_first - rf0;
     const kvt_stats st = stats_of(f.gpu);
     printf("# %u reranked heads over %u steps; CUDA pool: %llu promoted (%llu into recycled "
            "blocks), %llu evicted, %llu offloaded, %llu disk reads\n",
@@ -370,11 +381,18 @@ static void test_tiered_vs_cpu(void **state)
            (unsigned long long)st.recycled_blocks, (unsigned long long)st.evicted_pages,
            (unsigned long long)st.offloaded_pages,
            (unsigned long long)st.moved_requests[KVT_DIR_DISK_TO_HOST]);
+    printf("# copier delay %u us: %llu of the CUDA decodes went ready first, %llu paused "
+           "sequences\n", delay_us, (unsigned long long)split,
+           (unsigned long long)st.paused_seqs);
     /* The run exercised what it is meant to: promotions into recycled
      * blocks, and pages that came back from the disk. */
     assert_true(st.recycled_blocks > 0);
     assert_true(st.promoted_pages > st.recycled_blocks / 2);
     assert_true(st.moved_requests[KVT_DIR_DISK_TO_HOST] > 0);
+    /* With the copiers held back, decodes met promotions in flight and
+     * launched the ready sequences first. */
+    if (delay_us)
+        assert_true(split > 0);
     same_contents(&f);
 
     /* What a tiered CUDA pool refuses: a dense step (stable heads keep most
@@ -386,6 +404,18 @@ static void test_tiered_vs_cpu(void **state)
     TU_EXPECT_ERR(kvt_step_plan(f.gpu, f.ig, NS, &dso, &ds), KVT_ENOTSUP, "KVT_STEP_DENSE");
     assert_null(ds);
     fx_free(&f);
+}
+
+static void test_tiered_vs_cpu(void **state)
+{
+    (void)state;
+    run_tiered(0);
+}
+
+static void test_ready_first_vs_cpu(void **state)
+{
+    (void)state;
+    run_tiered(3000);
 }
 
 #define NOBS 5u
@@ -609,6 +639,7 @@ int main(void)
     GPU_SKIP_WITHOUT_DEVICE();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tiered_vs_cpu),
+        cmocka_unit_test(test_ready_first_vs_cpu),
         cmocka_unit_test(test_moves_vs_cpu),
         cmocka_unit_test(test_warmup_vs_cpu),
     };
