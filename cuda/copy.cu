@@ -175,6 +175,21 @@ int kvt__cu_copy_kernel(const kvt__cu_copy *d_list, uint32_t n, uint32_t max_blo
         return kvt__err(KVT_EINVAL, "chunk_bytes: %llu is not a multiple of 16",
                         (unsigned long long)chunk_bytes);
     const uint64_t chunk = chunk_bytes ? chunk_bytes : KVT__COPY_CHUNK;
+#ifdef KVT_CUDA_EMU
+    // On a GPU the kernel faults on pageable host memory; the emulation
+    // would not, so it refuses such a launch here.
+    if (!kvt_emu_gpu_visible(d_list, (size_t)n * sizeof *d_list))
+        return kvt__err(KVT_EINTERNAL, "kvt__cu_copy_kernel: d_list %p (%u copies) is not "
+                        "memory the GPU can reach (emulation check)", (const void *)d_list, n);
+    for (uint32_t i = 0; i < n; i++) {
+        const kvt__cu_copy c = d_list[i];
+        if (!kvt_emu_gpu_visible(reinterpret_cast<const void *>(c.src), c.bytes) ||
+            !kvt_emu_gpu_visible(reinterpret_cast<const void *>(c.dst), c.bytes))
+            return kvt__err(KVT_EINTERNAL, "kvt__cu_copy_kernel: copy %u (%llu bytes) reads or "
+                            "writes memory the GPU cannot reach (emulation check)", i,
+                            (unsigned long long)c.bytes);
+    }
+#endif
     uint32_t grid = max_blocks;
     if (grid == 0) {
         int dev = 0, sms = 0;
@@ -237,6 +252,16 @@ int kvt__cu_table_sync(const uint32_t *h_table, uint32_t *d_table, const kvt__cu
         return kvt__err(KVT_EINVAL, "d_table: NULL with %u ranges", n_ranges);
     if (!d_ranges)
         return kvt__err(KVT_EINVAL, "d_ranges: NULL with n_ranges = %u", n_ranges);
+#ifdef KVT_CUDA_EMU
+    if (!kvt_emu_gpu_visible(d_ranges, (size_t)n_ranges * sizeof *d_ranges))
+        return kvt__err(KVT_EINTERNAL, "kvt__cu_table_sync: d_ranges is not memory the GPU can "
+                        "reach (emulation check)");
+    for (uint32_t r = 0; r < n_ranges; r++)
+        if (!kvt_emu_gpu_visible(h_table + d_ranges[r].src_off, d_ranges[r].n * 4u) ||
+            !kvt_emu_gpu_visible(d_table + d_ranges[r].dst_off, d_ranges[r].n * 4u))
+            return kvt__err(KVT_EINTERNAL, "kvt__cu_table_sync: range %u is not memory the GPU "
+                            "can reach (emulation check)", r);
+#endif
     const uint32_t grid = kvt_umin(n_ranges, KVT__SYNC_MAX_GRID);
     const cudaError_t e = KVT_LAUNCH(kvt__table_sync_k, grid, KVT__SYNC_THREADS, 0, stream,
                                      h_table, d_table, d_ranges, n_ranges);

@@ -67,25 +67,15 @@ void kvt__cu_host_free(void *h)
 
 int kvt__cu_host_register(void *h, size_t bytes)
 {
-#ifdef KVT_CUDA_EMU
-    (void)h; // emulated device memory is host memory
-    (void)bytes;
-    return 0;
-#else
     const cudaError_t e =
         cudaHostRegister(h, bytes, cudaHostRegisterMapped | cudaHostRegisterPortable);
     return e == cudaSuccess ? 0 : KVT_CU_ERR(KVT_EIO, e, "cudaHostRegister");
-#endif
 }
 
 void kvt__cu_host_unregister(void *h)
 {
-#ifndef KVT_CUDA_EMU
     if (h)
         (void)cudaHostUnregister(h);
-#else
-    (void)h;
-#endif
 }
 
 int kvt__cu_host_ptr_direct(int device)

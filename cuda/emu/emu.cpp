@@ -617,7 +617,7 @@ cudaError_t fail(cudaError_t e)
 }
 
 // ---- allocations, streams, events -------------------------------------------
-enum AllocKind { DEVICE_MEM, HOST_MEM };
+enum AllocKind { DEVICE_MEM, HOST_MEM, REGISTERED_MEM }; // the last: cudaHostRegister
 struct Alloc {
     size_t size;
     AllocKind kind;
@@ -1020,6 +1020,46 @@ cudaError_t cudaHostAlloc(void **pHost, size_t size, unsigned int flags)
 cudaError_t cudaMallocHost(void **ptr, size_t size) { return host_alloc(ptr, size, HOST_MEM); }
 cudaError_t cudaFreeHost(void *ptr) { return host_free(ptr, HOST_MEM); }
 
+// Registered host memory is tracked like an allocation, so copies and the
+// visibility check below know the GPU may reach it.
+cudaError_t cudaHostRegister(void *ptr, size_t size, unsigned int flags)
+{
+    if (!ptr || size == 0 ||
+        (flags & ~(unsigned)(cudaHostRegisterPortable | cudaHostRegisterMapped |
+                             cudaHostRegisterIoMemory | cudaHostRegisterReadOnly)))
+        return fail(cudaErrorInvalidValue);
+    std::lock_guard<std::mutex> lk(g_mu);
+    auto &m = allocs();
+    const uintptr_t a = (uintptr_t)ptr;
+    uintptr_t base = 0;
+    auto next = m.lower_bound(a);
+    if (find_alloc(ptr, &base) || (next != m.end() && next->first - a < size))
+        return fail(cudaErrorHostMemoryAlreadyRegistered);
+    m[a] = Alloc{size, REGISTERED_MEM};
+    return cudaSuccess;
+}
+
+cudaError_t cudaHostUnregister(void *ptr)
+{
+    std::lock_guard<std::mutex> lk(g_mu);
+    auto &m = allocs();
+    auto it = m.find((uintptr_t)ptr);
+    if (it == m.end() || it->second.kind != REGISTERED_MEM)
+        return fail(cudaErrorHostMemoryNotRegistered);
+    m.erase(it);
+    return cudaSuccess;
+}
+
+bool kvt_emu_gpu_visible(const void *p, size_t n)
+{
+    if (n == 0)
+        return true;
+    std::lock_guard<std::mutex> lk(g_mu);
+    uintptr_t base = 0;
+    const Alloc *a = find_alloc(p, &base);
+    return a && n <= a->size - ((uintptr_t)p - base);
+}
+
 cudaError_t cudaHostGetDevicePointer(void **pDevice, void *pHost, unsigned int flags)
 {
     if (!pDevice || flags != 0)
@@ -1028,7 +1068,7 @@ cudaError_t cudaHostGetDevicePointer(void **pDevice, void *pHost, unsigned int f
         std::lock_guard<std::mutex> lk(g_mu);
         uintptr_t base = 0;
         const Alloc *a = find_alloc(pHost, &base);
-        if (!a || a->kind != HOST_MEM)
+        if (!a || a->kind == DEVICE_MEM)
             return fail(cudaErrorInvalidValue);
     }
     *pDevice = pHost; // UVA: the same address

@@ -25,6 +25,10 @@
 // coalescing or bank conflicts, no register or occupancy limits. Device
 // memory is host memory (cudaMalloc = 256-byte aligned malloc filled with
 // 0xa5), so ASan sees out-of-bounds device and shared memory accesses.
+// Device allocations, pinned host allocations and registered host ranges
+// are tracked: kvt_emu_gpu_visible tells launchers that take host
+// addresses whether a GPU could reach them (a kernel reading pageable
+// memory would fault on a GPU but not here).
 //
 // Only kernel code written in the dialect of kvt_cuda_rt.cuh is supported;
 // include that header, not this one.
@@ -177,6 +181,11 @@ inline cudaError_t kvt_emu_launch(dim3 grid, dim3 block, size_t dyn_smem, void *
 // cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
 // bytes), keyed by the kernel's name (bytes <= 227 KiB).
 cudaError_t kvt_emu_set_max_dyn_shared(const char *name, size_t bytes);
+// Whether [p, p + n) lies in memory a GPU kernel may access: one device
+// allocation, pinned host allocation or registered host range. (The
+// emulation cannot fault on pageable memory inside a kernel, so launchers
+// that take host addresses check them with this.)
+bool kvt_emu_gpu_visible(const void *p, size_t n);
 
 // ---- atomics (return the old value) -----------------------------------------
 inline unsigned atomicAdd(unsigned *p, unsigned v) { return __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }

@@ -1239,8 +1239,12 @@ int kvt__cuda_mv_sync(const kvt_pool *p, void *h)
     return rc ? rc : e2;
 }
 
+bool kvt__cuda_pin_refuse;
+
 int kvt__cuda_host_pin(const kvt_pool *p, void *h, size_t bytes)
 {
+    if (kvt__cuda_pin_refuse)
+        return kvt__err(KVT_EIO, "cudaHostRegister: refused by the test hook");
     int rc = kvt__cu_set_device(p->cu->device);
     return rc ? rc : kvt__cu_host_register(h, bytes);
 }

@@ -216,6 +216,8 @@ KVT__HIDDEN extern uint64_t kvt__cuda_ready_first;
 /* Pins host memory for the GPU in place (the I/O thread's staging);
  * unpin before it is unmapped. */
 KVT__HIDDEN int kvt__cuda_host_pin(const struct kvt_pool *p, void *h, size_t bytes);
+/* Test hook: kvt__cuda_host_pin fails (the staging stays pageable). */
+KVT__HIDDEN extern bool kvt__cuda_pin_refuse;
 KVT__HIDDEN void kvt__cuda_host_unpin(const struct kvt_pool *p, void *h);
 /* kvt_seq_warmup's importance on the GPU: for every stable (layer, head)
  * lh and page j < pages of layer l, imp[lh * stride + j] = the sum over the

@@ -22,11 +22,15 @@
  *
  * test_moves_vs_cpu: a CUDA pool without a policy, with host and disk
  * tiers (its device copies by the zero-copy kernel, then again all by
- * cudaMemcpyAsync): the same explicit mover batches (device -> host, host -> disk,
+ * cudaMemcpyAsync, then with the disk staging left pageable): the same
+ * explicit mover batches (device -> host, host -> disk,
  * disk -> device, device -> disk, dropping sources or not) on both pools,
  * compared page by page; a decode over a page that lives only on the host
  * is refused on CUDA (KVT_ESTATE, the CPU reads the host page in place)
  * and equals the CPU once the page is back on the device.
+ *
+ * test_copier_rounds: one copier's rounds mixing kernel copies, large
+ * copies and pageable memory, byte for byte.
  *
  * test_warmup_vs_cpu: kvt_seq_warmup on a tiered CUDA pool (importance
  * scored on the GPU: cuBLAS, or the fallback kernel with cuBLAS turned
@@ -173,8 +177,9 @@ static void same_contents(const fx *f)
         }
 }
 
-/* Device blocks and residency of every page of one layer, equal. */
-static void same_placement(const fx *f, uint32_t layer, const char *when)
+/* Device blocks (blocks: their numbers; else whether there is one) and
+ * residency of every page of one layer, equal. */
+static void same_placement_of(const fx *f, uint32_t layer, const char *when, bool blocks)
 {
     for (uint32_t i = 0; i < NS; i++) {
         uint32_t T;
@@ -187,12 +192,17 @@ static void same_placement(const fx *f, uint32_t layer, const char *when)
             TU_OK(kvt_seq_block_table(f->cpu, f->ic[i], layer, h, 0, np, da, NULL, ra));
             TU_OK(kvt_seq_block_table(f->gpu, f->ig[i], layer, h, 0, np, db, NULL, rb));
             for (uint32_t pg = 0; pg < np; pg++)
-                if (da[pg] != db[pg] || ra[pg] != rb[pg])
+                if ((blocks ? da[pg] != db[pg] : !da[pg] != !db[pg]) || ra[pg] != rb[pg])
                     fail_msg("%s: seq %u layer %u head %u page %u: CPU block %u res 0x%x, "
                              "CUDA block %u res 0x%x", when, i, layer, h, pg, da[pg], ra[pg],
                              db[pg], rb[pg]);
         }
     }
+}
+
+static void same_placement(const fx *f, uint32_t layer, const char *when)
+{
+    same_placement_of(f, layer, when, true);
 }
 
 /* One layer's selections and outputs, equal; returns reranked heads. */
@@ -536,14 +546,21 @@ static void move_both(fx *f, const kvt_move *mc, uint32_t n)
         assert_int_equal(rc_c[j], 0);
         assert_int_equal(rc_g[j], 0);
     }
+    /* Block numbers may differ: the sources a batch drops go back to the
+     * free list in the order their copies finish, which the copy threads'
+     * and the I/O thread's timing decides on either backend. */
     for (uint32_t l = 0; l < L; l++)
-        same_placement(f, l, "after a batch of moves");
+        same_placement_of(f, l, "after a batch of moves", false);
     same_contents(f);
     TU_CHECK(f->cpu);
     TU_CHECK(f->gpu);
 }
 
-static void run_moves(size_t kernel_max)
+/* unpinned: the I/O thread's staging is left pageable (the pin is refused),
+ * so its copies to and from the device must go by cudaMemcpyAsync (the
+ * emulation refuses a copy kernel over pageable memory, as a GPU would
+ * fault). */
+static void run_moves(size_t kernel_max, bool unpinned)
 {
     kvt__cuda_copy_kernel_max = kernel_max;
     fx f;
@@ -558,7 +575,9 @@ static void run_moves(size_t kernel_max)
     kvt_pool_opts oc = opts_of(&f, KVT_BACKEND_CPU, 400, 64, false);
     kvt_pool_opts og = opts_of(&f, KVT_BACKEND_CUDA, 400, 64, false);
     TU_OK(kvt_pool_create(&f.cpu, &oc));
+    kvt__cuda_pin_refuse = unpinned;
     TU_OK(kvt_pool_create(&f.gpu, &og));
+    kvt__cuda_pin_refuse = false;
     fx_buffers(&f);
     for (uint32_t i = 0; i < NS; i++)
         new_seq(&f, i, 200 + 90 * i);
@@ -616,8 +635,106 @@ static void run_moves(size_t kernel_max)
 static void test_moves_vs_cpu(void **state)
 {
     (void)state;
-    run_moves(KVT__CU_COPY_KERNEL_MAX);
-    run_moves(0);
+    run_moves(KVT__CU_COPY_KERNEL_MAX, false);
+    run_moves(0, false);
+    run_moves(KVT__CU_COPY_KERNEL_MAX, true);
+}
+
+/* One copier's rounds, straight: 300 copies (more than a round's list
+ * holds) of 1..12000 bytes at odd offsets, between device memory and pinned
+ * or pageable host memory both ways, with the kernel's limit at 4 KiB, so
+ * a round mixes kernel copies, large copies and pageable ones (the last two
+ * by cudaMemcpyAsync). Every destination byte equals its source, and the
+ * bytes no copy targets keep their fill. */
+static void test_copier_rounds(void **state)
+{
+    (void)state;
+    enum { NC = 300, MAXC = 12000 };
+    fx f;
+    memset(&f, 0, sizeof f);
+    tu_rng r = {0xc09e5ull};
+    kvt_geometry g = {L, H, HQ, D, P, KVT_DTYPE_F16, {0, 0}};
+    kvt_selector_opts so = KVT_SELECTOR_OPTS_INIT;
+    TU_OK(kvt_selector_create(&f.sel, &g, &so));
+    kvt_pool_opts og = opts_of(&f, KVT_BACKEND_CUDA, 64, 64, false);
+    TU_OK(kvt_pool_create(&f.gpu, &og));
+    uint32_t size[NC], kind[NC];
+    size_t off[NC], S = 0;
+    for (uint32_t j = 0; j < NC; j++) {
+        size[j] = 1u + (uint32_t)(tu_next(&r) % MAXC);
+        kind[j] = (uint32_t)(tu_next(&r) % 4u);
+        off[j] = S + (tu_next(&r) % 16u);
+        S = off[j] + size[j];
+    }
+    /* [0, S): sources; [S, 2S): destinations. */
+    uint8_t *hp = NULL, *dv = NULL;
+    uint8_t *pg = malloc(2 * S), *ref_dv = malloc(S), *back = malloc(2 * S);
+    assert_non_null(pg);
+    assert_non_null(ref_dv);
+    assert_non_null(back);
+    CU_OK(kvt__cu_host_alloc((void **)&hp, 2 * S));
+    CU_OK(kvt__cu_malloc((void **)&dv, 2 * S));
+    for (size_t e = 0; e < S; e++) {
+        hp[e] = (uint8_t)tu_next(&r);
+        pg[e] = (uint8_t)tu_next(&r);
+        ref_dv[e] = (uint8_t)tu_next(&r);
+    }
+    memset(hp + S, 0x5a, S);
+    memset(pg + S, 0x5a, S);
+    memset(back, 0x5a, S);
+    memcpy(back + S, back, S);
+    memcpy(back, ref_dv, S);
+    CU_OK(kvt__cu_memcpy(dv, back, 2 * S));
+    kvt__cuda_copy_kernel_max = 4096;
+    void *cp = NULL;
+    CU_OK(kvt__cuda_mv_stream(f.gpu, &cp));
+    for (uint32_t j = 0; j < NC; j++) {
+        const size_t o = off[j];
+        switch (kind[j]) {
+        case 0: CU_OK(kvt__cuda_mv_copy(f.gpu, cp, NULL, dv + S + o, hp + o, size[j], true)); break;
+        case 1: CU_OK(kvt__cuda_mv_copy(f.gpu, cp, NULL, dv + S + o, pg + o, size[j], false)); break;
+        case 2: CU_OK(kvt__cuda_mv_copy(f.gpu, cp, NULL, hp + S + o, dv + o, size[j], true)); break;
+        default: CU_OK(kvt__cuda_mv_copy(f.gpu, cp, NULL, pg + S + o, dv + o, size[j], false));
+        }
+    }
+    CU_OK(kvt__cuda_mv_sync(f.gpu, cp));
+    kvt__cuda_copy_kernel_max = KVT__CU_COPY_KERNEL_MAX;
+    kvt__cuda_mv_stream_free(cp);
+    CU_OK(kvt__cu_memcpy(back, dv, 2 * S));
+    /* The expected destinations, built on the host. */
+    uint8_t *want_dv = malloc(S), *want_hp = malloc(S), *want_pg = malloc(S);
+    assert_non_null(want_dv);
+    assert_non_null(want_hp);
+    assert_non_null(want_pg);
+    memset(want_dv, 0x5a, S);
+    memset(want_hp, 0x5a, S);
+    memset(want_pg, 0x5a, S);
+    uint32_t nk = 0;
+    for (uint32_t j = 0; j < NC; j++) {
+        const size_t o = off[j];
+        nk += (kind[j] == 0 || kind[j] == 2) && size[j] <= 4096;
+        switch (kind[j]) {
+        case 0: memcpy(want_dv + o, hp + o, size[j]); break;
+        case 1: memcpy(want_dv + o, pg + o, size[j]); break;
+        case 2: memcpy(want_hp + o, ref_dv + o, size[j]); break;
+        default: memcpy(want_pg + o, ref_dv + o, size[j]);
+        }
+    }
+    assert_true(nk > 20 && nk < NC - 20); /* both paths, in the same rounds */
+    assert_memory_equal(back + S, want_dv, S);
+    assert_memory_equal(hp + S, want_hp, S);
+    assert_memory_equal(pg + S, want_pg, S);
+    assert_memory_equal(back, ref_dv, S); /* sources untouched */
+    free(want_dv);
+    free(want_hp);
+    free(want_pg);
+    free(pg);
+    free(ref_dv);
+    free(back);
+    kvt__cu_host_free(hp);
+    kvt__cu_free(dv);
+    kvt_pool_destroy(f.gpu);
+    kvt_selector_destroy(f.sel);
 }
 
 static int setup(void **state)
@@ -641,6 +758,7 @@ int main(void)
         cmocka_unit_test(test_tiered_vs_cpu),
         cmocka_unit_test(test_ready_first_vs_cpu),
         cmocka_unit_test(test_moves_vs_cpu),
+        cmocka_unit_test(test_copier_rounds),
         cmocka_unit_test(test_warmup_vs_cpu),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
