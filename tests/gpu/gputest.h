@@ -16,4 +16,12 @@
         }                                                                    \
     } while (0)
 
+/* A kvt__cu_* or public call that must succeed (cmocka). */
+#define CU_OK(call)                                                                   \
+    do {                                                                              \
+        int rc_ = (call);                                                             \
+        if (rc_ != 0)                                                                 \
+            fail_msg("%s failed: %d (%s)", #call, rc_, kvt_last_error());             \
+    } while (0)
+
 #endif /* KVT_GPUTEST_H */

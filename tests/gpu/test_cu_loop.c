@@ -43,13 +43,6 @@
 #define LH (L * H)
 #define TAB ((size_t)NS * LH * CAP)
 
-#define CU_OK(call)                                                                   \
-    do {                                                                              \
-        int rc_ = (call);                                                             \
-        if (rc_ != 0)                                                                 \
-            fail_msg("%s failed: %d (%s)", #call, rc_, kvt_last_error());             \
-    } while (0)
-
 typedef struct {
     kvt_pool *p;
     kvt_policy *pol;

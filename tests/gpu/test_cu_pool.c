@@ -29,13 +29,7 @@
 #define P 16u
 #define NS 3u
 #define STEPS 20u
-
-#define CU_OK(call)                                                                   \
-    do {                                                                              \
-        int rc_ = (call);                                                             \
-        if (rc_ != 0)                                                                 \
-            fail_msg("%s failed: %d (%s)", #call, rc_, kvt_last_error());             \
-    } while (0)
+#define MAXPG 128u
 
 typedef struct {
     kvt_pool *cpu, *gpu;
@@ -44,7 +38,10 @@ typedef struct {
     void *stream;
     float *d_k, *d_v, *d_q, *d_out, *d_lse;
     tu_rng r;
+    bool ints;
 } fx;
+
+#include "pairtest.h"
 
 static kvt_pool_opts opts_of(kvt_backend b)
 {
@@ -53,107 +50,6 @@ static kvt_pool_opts opts_of(kvt_backend b)
     o.n_threads = 2;
     o.max_seqs = 8;
     return o;
-}
-
-static void *dev(size_t bytes)
-{
-    void *d;
-    CU_OK(kvt__cu_malloc(&d, bytes));
-    return d;
-}
-
-static void rand_rows(tu_rng *r, float *x, size_t n)
-{
-    for (size_t e = 0; e < n; e++)
-        x[e] = tu_unit(r);
-}
-
-/* Prefill of n tokens into sequence i of both pools. */
-static void prefill(fx *f, uint32_t i, uint32_t n)
-{
-    const size_t rows = (size_t)n * H * D;
-    float *k = malloc(rows * sizeof(float)), *v = malloc(rows * sizeof(float));
-    float *dk = dev(rows * sizeof(float)), *dv = dev(rows * sizeof(float));
-    for (uint32_t l = 0; l < L; l++) {
-        rand_rows(&f->r, k, rows);
-        rand_rows(&f->r, v, rows);
-        CU_OK(kvt__cu_memcpy(dk, k, rows * sizeof(float)));
-        CU_OK(kvt__cu_memcpy(dv, v, rows * sizeof(float)));
-        TU_OK(kvt_seq_append(f->cpu, f->ic[i], l, k, v, n, KVT_DTYPE_F32, 0));
-        TU_OK(kvt_seq_append(f->gpu, f->ig[i], l, dk, dv, n, KVT_DTYPE_F32, 0));
-    }
-    kvt__cu_free(dk);
-    kvt__cu_free(dv);
-    free(k);
-    free(v);
-}
-
-static void new_seq(fx *f, uint32_t i, uint32_t n)
-{
-    TU_OK(kvt_seq_create(f->cpu, NULL, &f->ic[i]));
-    TU_OK(kvt_seq_create(f->gpu, NULL, &f->ig[i]));
-    prefill(f, i, n);
-}
-
-/* Every stored row and every page's metadata, bit for bit. */
-static void same_contents(const fx *f)
-{
-    for (uint32_t i = 0; i < NS; i++)
-        for (uint32_t l = 0; l < L; l++) {
-            uint32_t T, T2;
-            TU_OK(kvt_seq_length(f->cpu, f->ic[i], l, &T));
-            TU_OK(kvt_seq_length(f->gpu, f->ig[i], l, &T2));
-            assert_int_equal(T, T2);
-            uint16_t *a = malloc((size_t)T * D * 2 * 2), *b = malloc((size_t)T * D * 2 * 2);
-            for (uint32_t h = 0; h < H; h++) {
-                TU_OK(kvt_seq_read_kv(f->cpu, f->ic[i], l, h, 0, T, a, a + (size_t)T * D));
-                TU_OK(kvt_seq_read_kv(f->gpu, f->ig[i], l, h, 0, T, b, b + (size_t)T * D));
-                if (memcmp(a, b, (size_t)T * D * 2 * 2))
-                    fail_msg("seq %u layer %u head %u: stored K/V differ", i, l, h);
-                for (uint32_t pg = 0; pg < (T + P - 1) / P; pg++) {
-                    float m1[3 * D], m2[3 * D];
-                    TU_OK(kvt_seq_page_meta(f->cpu, f->ic[i], l, h, pg, m1, m1 + D, m1 + 2 * D));
-                    TU_OK(kvt_seq_page_meta(f->gpu, f->ig[i], l, h, pg, m2, m2 + D, m2 + 2 * D));
-                    if (memcmp(m1, m2, sizeof m1))
-                        fail_msg("seq %u layer %u head %u page %u: metadata differ", i, l, h, pg);
-                }
-            }
-            free(a);
-            free(b);
-        }
-}
-
-/* Compares one layer's selections and outputs of the two steps. */
-static uint32_t compare_layer(kvt_step *sc, kvt_step *sg, uint32_t layer, const float *out_c,
-                              const float *lse_c, const fx *f)
-{
-    uint32_t reranked = 0;
-    for (uint32_t i = 0; i < NS; i++)
-        for (uint32_t h = 0; h < H; h++) {
-            uint32_t a[128], b[128], na, nb, ra, rb;
-            TU_OK(kvt_step_selection(sc, layer, i, h, a, 128, &na, &ra));
-            TU_OK(kvt_step_selection(sg, layer, i, h, b, 128, &nb, &rb));
-            assert_int_equal(ra, rb);
-            reranked += ra;
-            if (na == nb && !memcmp(a, b, na * 4))
-                continue;
-            fail_msg("layer %u seq %u head %u: selections differ (%u vs %u pages)", layer, i, h,
-                     na, nb);
-        }
-    float *out = malloc(NS * HQ * D * sizeof(float)), lse[NS * HQ];
-    CU_OK(kvt__cu_stream_sync(f->stream));
-    CU_OK(kvt__cu_memcpy(out, f->d_out, NS * HQ * D * sizeof(float)));
-    CU_OK(kvt__cu_memcpy(lse, f->d_lse, sizeof lse));
-    for (size_t e = 0; e < (size_t)NS * HQ * D; e++)
-        if (!(fabsf(out[e] - out_c[e]) <= 2e-5f))
-            fail_msg("layer %u: out[%zu] CUDA %.9g CPU %.9g", layer, e, (double)out[e],
-                     (double)out_c[e]);
-    for (size_t e = 0; e < (size_t)NS * HQ; e++)
-        if (!(fabsf(lse[e] - lse_c[e]) <= 2e-5f * (1.0f + fabsf(lse_c[e]))))
-            fail_msg("layer %u: lse[%zu] CUDA %.9g CPU %.9g", layer, e, (double)lse[e],
-                     (double)lse_c[e]);
-    free(out);
-    return reranked;
 }
 
 /* One step on both pools. reselect: layer 0 is selected again after layer

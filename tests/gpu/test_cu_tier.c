@@ -66,13 +66,6 @@
 #define NLH (L * H)
 #define MAXPG 64u
 
-#define CU_OK(call)                                                                   \
-    do {                                                                              \
-        int rc_ = (call);                                                             \
-        if (rc_ != 0)                                                                 \
-            fail_msg("%s failed: %d (%s)", #call, rc_, kvt_last_error());             \
-    } while (0)
-
 static char g_dir[256];
 
 typedef struct {
@@ -87,18 +80,7 @@ typedef struct {
     bool ints; /* prompts of small integers (exact scores) */
 } fx;
 
-static void *dev(size_t bytes)
-{
-    void *d;
-    CU_OK(kvt__cu_malloc(&d, bytes));
-    return d;
-}
-
-static void rand_rows(tu_rng *r, float *x, size_t n)
-{
-    for (size_t e = 0; e < n; e++)
-        x[e] = tu_unit(r);
-}
+#include "pairtest.h"
 
 static kvt_pool_opts opts_of(fx *f, kvt_backend b, uint64_t dev_blocks, uint64_t host_blocks,
                              bool policy)
@@ -120,61 +102,6 @@ static kvt_pool_opts opts_of(fx *f, kvt_backend b, uint64_t dev_blocks, uint64_t
         o.selector = f->sel;
     }
     return o;
-}
-
-/* Integers -3 .. 3. */
-static void int_rows(tu_rng *r, float *x, size_t n)
-{
-    for (size_t e = 0; e < n; e++)
-        x[e] = (float)(tu_next(r) % 7u) - 3.0f;
-}
-
-/* Prefill of n tokens into sequence i of both pools. */
-static void prefill(fx *f, uint32_t i, uint32_t n)
-{
-    const size_t rows = (size_t)n * H * D;
-    float *k = malloc(rows * sizeof(float)), *v = malloc(rows * sizeof(float));
-    float *dk = dev(rows * sizeof(float)), *dv = dev(rows * sizeof(float));
-    for (uint32_t l = 0; l < L; l++) {
-        (f->ints ? int_rows : rand_rows)(&f->r, k, rows);
-        rand_rows(&f->r, v, rows);
-        CU_OK(kvt__cu_memcpy(dk, k, rows * sizeof(float)));
-        CU_OK(kvt__cu_memcpy(dv, v, rows * sizeof(float)));
-        TU_OK(kvt_seq_append(f->cpu, f->ic[i], l, k, v, n, KVT_DTYPE_F32, 0));
-        TU_OK(kvt_seq_append(f->gpu, f->ig[i], l, dk, dv, n, KVT_DTYPE_F32, 0));
-    }
-    kvt__cu_free(dk);
-    kvt__cu_free(dv);
-    free(k);
-    free(v);
-}
-
-static void new_seq(fx *f, uint32_t i, uint32_t n)
-{
-    TU_OK(kvt_seq_create(f->cpu, NULL, &f->ic[i]));
-    TU_OK(kvt_seq_create(f->gpu, NULL, &f->ig[i]));
-    prefill(f, i, n);
-}
-
-/* Every stored row, bit for bit, from whichever tier holds it. */
-static void same_contents(const fx *f)
-{
-    for (uint32_t i = 0; i < NS; i++)
-        for (uint32_t l = 0; l < L; l++) {
-            uint32_t T, T2;
-            TU_OK(kvt_seq_length(f->cpu, f->ic[i], l, &T));
-            TU_OK(kvt_seq_length(f->gpu, f->ig[i], l, &T2));
-            assert_int_equal(T, T2);
-            uint16_t *a = malloc((size_t)T * D * 2 * 2), *b = malloc((size_t)T * D * 2 * 2);
-            for (uint32_t h = 0; h < H; h++) {
-                TU_OK(kvt_seq_read_kv(f->cpu, f->ic[i], l, h, 0, T, a, a + (size_t)T * D));
-                TU_OK(kvt_seq_read_kv(f->gpu, f->ig[i], l, h, 0, T, b, b + (size_t)T * D));
-                if (memcmp(a, b, (size_t)T * D * 2 * 2))
-                    fail_msg("seq %u layer %u head %u: stored K/V differ", i, l, h);
-            }
-            free(a);
-            free(b);
-        }
 }
 
 /* Device blocks (blocks: their numbers; else whether there is one) and
@@ -206,37 +133,6 @@ static void same_placement(const fx *f, uint32_t layer, const char *when)
 }
 
 /* One layer's selections and outputs, equal; returns reranked heads. */
-static uint32_t compare_layer(kvt_step *sc, kvt_step *sg, uint32_t layer, const float *out_c,
-                              const float *lse_c, const fx *f)
-{
-    uint32_t reranked = 0;
-    for (uint32_t i = 0; i < NS; i++)
-        for (uint32_t h = 0; h < H; h++) {
-            uint32_t a[MAXPG], b[MAXPG], na, nb, ra, rb;
-            TU_OK(kvt_step_selection(sc, layer, i, h, a, MAXPG, &na, &ra));
-            TU_OK(kvt_step_selection(sg, layer, i, h, b, MAXPG, &nb, &rb));
-            assert_int_equal(ra, rb);
-            reranked += ra;
-            if (na != nb || memcmp(a, b, na * 4))
-                fail_msg("layer %u seq %u head %u: selections differ (%u vs %u pages)", layer,
-                         i, h, na, nb);
-        }
-    float *out = malloc(NS * HQ * D * sizeof(float)), lse[NS * HQ];
-    CU_OK(kvt__cu_stream_sync(f->stream));
-    CU_OK(kvt__cu_memcpy(out, f->d_out, NS * HQ * D * sizeof(float)));
-    CU_OK(kvt__cu_memcpy(lse, f->d_lse, sizeof lse));
-    for (size_t e = 0; e < (size_t)NS * HQ * D; e++)
-        if (!(fabsf(out[e] - out_c[e]) <= 2e-5f))
-            fail_msg("layer %u: out[%zu] CUDA %.9g CPU %.9g", layer, e, (double)out[e],
-                     (double)out_c[e]);
-    for (size_t e = 0; e < (size_t)NS * HQ; e++)
-        if (!(fabsf(lse[e] - lse_c[e]) <= 2e-5f * (1.0f + fabsf(lse_c[e]))))
-            fail_msg("layer %u: lse[%zu] CUDA %.9g CPU %.9g", layer, e, (double)lse[e],
-                     (double)lse_c[e]);
-    free(out);
-    return reranked;
-}
-
 static kvt_stats stats_of(const kvt_pool *p)
 {
     kvt_stats s;

@@ -1,0 +1,135 @@
+/* Shared by the tests that feed a CPU pool and a CUDA pool the same work
+ * through the public calls (test_cu_pool, test_cu_tier): prompts into both
+ * pools, and the comparisons of their stored rows, selections and outputs.
+ *
+ * The includer defines L, H, HQ, D, P, NS (layers, KV heads, query heads,
+ * head_dim, page tokens, sequences), MAXPG (the most pages a head's
+ * selection may hold) and the type fx with at least: kvt_pool *cpu, *gpu;
+ * kvt_seq_id ic[NS], ig[NS]; void *stream; float *d_out, *d_lse; tu_rng r;
+ * bool ints (prompt keys of small integers, for exact scores). */
+#ifndef KVT_PAIRTEST_H
+#define KVT_PAIRTEST_H
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gputest.h"
+
+static inline void *dev(size_t bytes)
+{
+    void *d;
+    CU_OK(kvt__cu_malloc(&d, bytes));
+    return d;
+}
+
+static inline void rand_rows(tu_rng *r, float *x, size_t n)
+{
+    for (size_t e = 0; e < n; e++)
+        x[e] = tu_unit(r);
+}
+
+/* Integers -3 .. 3. */
+static inline void int_rows(tu_rng *r, float *x, size_t n)
+{
+    for (size_t e = 0; e < n; e++)
+        x[e] = (float)(tu_next(r) % 7u) - 3.0f;
+}
+
+/* Prefill of n tokens into sequence i of both pools. */
+static inline void prefill(fx *f, uint32_t i, uint32_t n)
+{
+    const size_t rows = (size_t)n * H * D;
+    float *k = malloc(rows * sizeof(float)), *v = malloc(rows * sizeof(float));
+    float *dk = dev(rows * sizeof(float)), *dv = dev(rows * sizeof(float));
+    assert_non_null(k);
+    assert_non_null(v);
+    for (uint32_t l = 0; l < L; l++) {
+        (f->ints ? int_rows : rand_rows)(&f->r, k, rows);
+        rand_rows(&f->r, v, rows);
+        CU_OK(kvt__cu_memcpy(dk, k, rows * sizeof(float)));
+        CU_OK(kvt__cu_memcpy(dv, v, rows * sizeof(float)));
+        TU_OK(kvt_seq_append(f->cpu, f->ic[i], l, k, v, n, KVT_DTYPE_F32, 0));
+        TU_OK(kvt_seq_append(f->gpu, f->ig[i], l, dk, dv, n, KVT_DTYPE_F32, 0));
+    }
+    kvt__cu_free(dk);
+    kvt__cu_free(dv);
+    free(k);
+    free(v);
+}
+
+static inline void new_seq(fx *f, uint32_t i, uint32_t n)
+{
+    TU_OK(kvt_seq_create(f->cpu, NULL, &f->ic[i]));
+    TU_OK(kvt_seq_create(f->gpu, NULL, &f->ig[i]));
+    prefill(f, i, n);
+}
+
+/* Every stored row (from whichever tier holds it) and every page's
+ * metadata, bit for bit. */
+static inline void same_contents(const fx *f)
+{
+    for (uint32_t i = 0; i < NS; i++)
+        for (uint32_t l = 0; l < L; l++) {
+            uint32_t T, T2;
+            TU_OK(kvt_seq_length(f->cpu, f->ic[i], l, &T));
+            TU_OK(kvt_seq_length(f->gpu, f->ig[i], l, &T2));
+            assert_int_equal(T, T2);
+            uint16_t *a = malloc((size_t)T * D * 2 * 2), *b = malloc((size_t)T * D * 2 * 2);
+            assert_non_null(a);
+            assert_non_null(b);
+            for (uint32_t h = 0; h < H; h++) {
+                TU_OK(kvt_seq_read_kv(f->cpu, f->ic[i], l, h, 0, T, a, a + (size_t)T * D));
+                TU_OK(kvt_seq_read_kv(f->gpu, f->ig[i], l, h, 0, T, b, b + (size_t)T * D));
+                if (memcmp(a, b, (size_t)T * D * 2 * 2))
+                    fail_msg("seq %u layer %u head %u: stored K/V differ", i, l, h);
+                for (uint32_t pg = 0; pg < (T + P - 1) / P; pg++) {
+                    float m1[3 * D], m2[3 * D];
+                    TU_OK(kvt_seq_page_meta(f->cpu, f->ic[i], l, h, pg, m1, m1 + D, m1 + 2 * D));
+                    TU_OK(kvt_seq_page_meta(f->gpu, f->ig[i], l, h, pg, m2, m2 + D, m2 + 2 * D));
+                    if (memcmp(m1, m2, sizeof m1))
+                        fail_msg("seq %u layer %u head %u page %u: metadata differ", i, l, h, pg);
+                }
+            }
+            free(a);
+            free(b);
+        }
+}
+
+/* One layer of the two steps: every head's selection equal, the CUDA
+ * output and lse (in f->d_out, f->d_lse once f->stream is done) within
+ * 2e-5 of the CPU's out_c, lse_c (both accumulate f32 over the same f16
+ * rows, in different orders). Returns the heads reranked. */
+static inline uint32_t compare_layer(kvt_step *sc, kvt_step *sg, uint32_t layer,
+                                     const float *out_c, const float *lse_c, const fx *f)
+{
+    uint32_t reranked = 0;
+    for (uint32_t i = 0; i < NS; i++)
+        for (uint32_t h = 0; h < H; h++) {
+            uint32_t a[MAXPG], b[MAXPG], na, nb, ra, rb;
+            TU_OK(kvt_step_selection(sc, layer, i, h, a, MAXPG, &na, &ra));
+            TU_OK(kvt_step_selection(sg, layer, i, h, b, MAXPG, &nb, &rb));
+            assert_int_equal(ra, rb);
+            reranked += ra;
+            if (na != nb || memcmp(a, b, na * 4))
+                fail_msg("layer %u seq %u head %u: selections differ (%u vs %u pages)", layer,
+                         i, h, na, nb);
+        }
+    float *out = malloc(NS * HQ * D * sizeof(float)), lse[NS * HQ];
+    assert_non_null(out);
+    CU_OK(kvt__cu_stream_sync(f->stream));
+    CU_OK(kvt__cu_memcpy(out, f->d_out, NS * HQ * D * sizeof(float)));
+    CU_OK(kvt__cu_memcpy(lse, f->d_lse, sizeof lse));
+    for (size_t e = 0; e < (size_t)NS * HQ * D; e++)
+        if (!(fabsf(out[e] - out_c[e]) <= 2e-5f))
+            fail_msg("layer %u: out[%zu] CUDA %.9g CPU %.9g", layer, e, (double)out[e],
+                     (double)out_c[e]);
+    for (size_t e = 0; e < (size_t)NS * HQ; e++)
+        if (!(fabsf(lse[e] - lse_c[e]) <= 2e-5f * (1.0f + fabsf(lse_c[e]))))
+            fail_msg("layer %u: lse[%zu] CUDA %.9g CPU %.9g", layer, e, (double)lse[e],
+                     (double)lse_c[e]);
+    free(out);
+    return reranked;
+}
+
+#endif /* KVT_PAIRTEST_H */
