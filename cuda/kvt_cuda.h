@@ -49,10 +49,20 @@ KVT__HIDDEN int kvt__cu_malloc(void **d_out, size_t bytes);
 KVT__HIDDEN void kvt__cu_free(void *d);
 KVT__HIDDEN int kvt__cu_host_alloc(void **h_out, size_t bytes); /* pinned, mapped */
 KVT__HIDDEN void kvt__cu_host_free(void *h);
-/* Setup/test helpers (never on a per-layer path): they finish with a device
- * synchronisation, so they are ordered after all earlier work. */
+/* Test helpers (the library does not call them): they start and finish
+ * with a device synchronisation, so they are ordered after all earlier
+ * work on every stream. Each counts in kvt__cu_device_syncs. */
 KVT__HIDDEN int kvt__cu_memcpy(void *dst, const void *src, size_t bytes);
 KVT__HIDDEN int kvt__cu_memset(void *d, int value, size_t bytes);
+/* Device synchronisations so far: every cudaDeviceSynchronize under the
+ * emulation, the helpers' above on a GPU (tests check that a pool's calls
+ * make none). */
+KVT__HIDDEN uint64_t kvt__cu_device_sync_count(void);
+/* The library's blocking copy and set: queued on `stream` (ordered after
+ * its earlier work only; the caller waits for other streams first) and
+ * waited for, without synchronising the device. */
+KVT__HIDDEN int kvt__cu_copy_sync(void *dst, const void *src, size_t bytes, void *stream);
+KVT__HIDDEN int kvt__cu_memset_sync(void *d, int value, size_t bytes, void *stream);
 /* Pins and maps existing host memory (a pool's host arena) so kernels
  * read it through UVA; unregister before it is freed. */
 KVT__HIDDEN int kvt__cu_host_register(void *h, size_t bytes);

@@ -106,8 +106,20 @@ void *kvt__cu_host_device_ptr(void *h)
 // legacy default stream), so both start and finish with a device
 // synchronisation: after all earlier work (a kernel still reading or
 // writing the buffer), before all later work.
+static uint64_t kvt__cu_device_syncs;
+
+uint64_t kvt__cu_device_sync_count(void)
+{
+#ifdef KVT_CUDA_EMU
+    return kvt_emu_device_syncs();
+#else
+    return __atomic_load_n(&kvt__cu_device_syncs, __ATOMIC_RELAXED);
+#endif
+}
+
 int kvt__cu_memcpy(void *dst, const void *src, size_t bytes)
 {
+    __atomic_fetch_add(&kvt__cu_device_syncs, 1, __ATOMIC_RELAXED);
     cudaError_t e = cudaDeviceSynchronize();
     if (e == cudaSuccess)
         e = cudaMemcpy(dst, src, bytes, cudaMemcpyDefault);
@@ -118,12 +130,34 @@ int kvt__cu_memcpy(void *dst, const void *src, size_t bytes)
 
 int kvt__cu_memset(void *d, int value, size_t bytes)
 {
+    __atomic_fetch_add(&kvt__cu_device_syncs, 1, __ATOMIC_RELAXED);
     cudaError_t e = cudaDeviceSynchronize();
     if (e == cudaSuccess)
         e = cudaMemset(d, value, bytes);
     if (e == cudaSuccess)
         e = cudaDeviceSynchronize();
     return e == cudaSuccess ? 0 : KVT_CU_ERR(KVT_EIO, e, "cudaMemset");
+}
+
+int kvt__cu_copy_sync(void *dst, const void *src, size_t bytes, void *stream)
+{
+    if (bytes == 0)
+        return 0;
+    cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault,
+                                    static_cast<cudaStream_t>(stream));
+    if (e == cudaSuccess)
+        e = cudaStreamSynchronize(static_cast<cudaStream_t>(stream));
+    return e == cudaSuccess ? 0 : KVT_CU_ERR(KVT_EIO, e, "cudaMemcpyAsync");
+}
+
+int kvt__cu_memset_sync(void *d, int value, size_t bytes, void *stream)
+{
+    if (bytes == 0)
+        return 0;
+    cudaError_t e = cudaMemsetAsync(d, value, bytes, static_cast<cudaStream_t>(stream));
+    if (e == cudaSuccess)
+        e = cudaStreamSynchronize(static_cast<cudaStream_t>(stream));
+    return e == cudaSuccess ? 0 : KVT_CU_ERR(KVT_EIO, e, "cudaMemsetAsync");
 }
 
 int kvt__cu_stream_create(void **stream, int low_priority)

@@ -186,6 +186,8 @@ cudaError_t kvt_emu_set_max_dyn_shared(const char *name, size_t bytes);
 // emulation cannot fault on pageable memory inside a kernel, so launchers
 // that take host addresses check them with this.)
 bool kvt_emu_gpu_visible(const void *p, size_t n);
+// cudaDeviceSynchronize calls so far (tests check a pool's calls make none).
+uint64_t kvt_emu_device_syncs(void);
 
 // ---- atomics (return the old value) -----------------------------------------
 inline unsigned atomicAdd(unsigned *p, unsigned v) { return __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }

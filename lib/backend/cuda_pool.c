@@ -215,9 +215,9 @@ int kvt__cuda_pool_init(kvt_pool *p, const kvt_pool_opts *o)
         rc = kvt__cu_malloc((void **)&c->d_meta, (size_t)p->meta.n_blocks * p->meta.block_bytes);
     /* The null blocks read as zeros (kvt_pool_check verifies it). */
     if (!rc)
-        rc = kvt__cu_memset(c->d_dev, 0, dv->block_bytes);
+        rc = kvt__cu_memset_sync(c->d_dev, 0, dv->block_bytes, c->stream);
     if (!rc)
-        rc = kvt__cu_memset(c->d_meta, 0, p->meta.block_bytes);
+        rc = kvt__cu_memset_sync(c->d_meta, 0, p->meta.block_bytes, c->stream);
     if (rc)
         return rc; /* kvt_pool_destroy releases what exists */
     p->tier[KVT_TIER_DEVICE].base = c->d_dev;
@@ -270,7 +270,7 @@ int kvt__cuda_read(const kvt_pool *p, void *dst, const void *dev_src, size_t n)
     int rc = kvt__cu_set_device(c->device);
     if (!rc)
         rc = kvt__quiesce(c);
-    return rc ? rc : kvt__cu_memcpy(dst, dev_src, n);
+    return rc ? rc : kvt__cu_copy_sync(dst, dev_src, n, c->stream);
 }
 
 int kvt__cuda_check(const kvt_pool *p)
@@ -310,8 +310,8 @@ int kvt__cuda_check(const kvt_pool *p)
                           "end", si);
             break;
         }
-        if ((rc = kvt__cu_memcpy(tab, c->d_tab + s->cu_off, n * sizeof *tab)) ||
-            (rc = kvt__cu_memcpy(mtab, c->d_mtab + s->cu_off, n * sizeof *mtab)))
+        if ((rc = kvt__cu_copy_sync(tab, c->d_tab + s->cu_off, n * sizeof *tab, c->stream)) ||
+            (rc = kvt__cu_copy_sync(mtab, c->d_mtab + s->cu_off, n * sizeof *mtab, c->stream)))
             break;
         for (uint32_t lh = 0; !rc && lh < c->LH; lh++) {
             const uint32_t np = kvt__pages_for(p, s->n_tokens[lh / H]);
@@ -336,13 +336,13 @@ int kvt__cuda_check(const kvt_pool *p)
 
 /* Grows a device buffer to `bytes`, keeping the first `keep` bytes (the
  * streams are quiet). */
-static int kvt__dev_grow(void **d, size_t keep, size_t bytes)
+static int kvt__dev_grow(void **d, size_t keep, size_t bytes, void *stream)
 {
     void *n;
     int rc = kvt__cu_malloc(&n, bytes);
     if (rc)
         return rc;
-    if (keep && (rc = kvt__cu_memcpy(n, *d, keep))) {
+    if (keep && (rc = kvt__cu_copy_sync(n, *d, keep, stream))) {
         kvt__cu_free(n);
         return rc;
     }
@@ -360,8 +360,8 @@ static int kvt__tab_upload(kvt_pool *p, kvt__seq *s)
         s->cu_lo[lh] = UINT32_MAX;
         s->cu_hi[lh] = 0;
     }
-    int rc = kvt__cu_memcpy(c->d_tab + s->cu_off, s->dev_block, n);
-    return rc ? rc : kvt__cu_memcpy(c->d_mtab + s->cu_off, s->meta_slot, n);
+    int rc = kvt__cu_copy_sync(c->d_tab + s->cu_off, s->dev_block, n, c->stream);
+    return rc ? rc : kvt__cu_copy_sync(c->d_mtab + s->cu_off, s->meta_slot, n, c->stream);
 }
 
 /* Makes the GPU copy of s's tables current for its capacity: a sequence
@@ -530,7 +530,7 @@ static int kvt__slot_state(kvt_pool *p, kvt__seq *s, uint32_t kmax)
             n = p->max_seqs;
         const size_t per = (size_t)c->LH * 3 * D * sizeof(float);
         if ((rc = kvt__quiesce(c)) ||
-            (rc = kvt__dev_grow((void **)&c->d_acc, per * c->acc_slots, per * n)))
+            (rc = kvt__dev_grow((void **)&c->d_acc, per * c->acc_slots, per * n, c->stream)))
             return rc;
         c->acc_slots = n;
     }
@@ -546,7 +546,7 @@ static int kvt__slot_state(kvt_pool *p, kvt__seq *s, uint32_t kmax)
         const size_t rows = (size_t)c->saved_slots * c->LH;
         if (kcap == c->kcap) {
             rc = kvt__dev_grow((void **)&c->d_saved, rows * kcap * 4,
-                               (size_t)n * c->LH * (kcap ? kcap : 1) * 4);
+                               (size_t)n * c->LH * (kcap ? kcap : 1) * 4, c->stream);
         } else {
             /* A larger K: every saved set keeps its pages at the new stride
              * (the CPU backend keeps them too; only heads whose K changed
@@ -572,7 +572,7 @@ static int kvt__slot_state(kvt_pool *p, kvt__seq *s, uint32_t kmax)
             kvt__cu_free(c->d_saved);
             c->d_saved = nw;
         }
-        if (rc || (rc = kvt__dev_grow((void **)&c->d_nsaved, rows * 4, (size_t)n * c->LH * 4)))
+        if (rc || (rc = kvt__dev_grow((void **)&c->d_nsaved, rows * 4, (size_t)n * c->LH * 4, c->stream)))
             return rc;
         c->saved_slots = n;
         c->kcap = kcap;
@@ -608,14 +608,16 @@ int kvt__cuda_seq_append(kvt_pool *p, kvt__seq *s, uint32_t layer, const void *k
         if ((rc = kvt__tab_place(p, s))) /* uploads the new entries too */
             return rc;
     } else {
-        /* Only the entries of the pages this append opened. */
+        /* Only the entries of the pages this append opened (the pool's
+         * stream is idle: the last prefill waited for its kernel). */
         const uint32_t p0 = cur / P + (cur % P != 0), p1 = (cur + n + P - 1) / P;
         for (uint32_t h = 0; h < H && p1 > p0; h++) {
             const size_t e = kvt__lh(p, layer, h) * s->cap_pages + p0;
             const size_t bytes = (size_t)(p1 - p0) * sizeof(uint32_t);
-            if ((rc = kvt__quiesce(c)) ||
-                (rc = kvt__cu_memcpy(c->d_tab + s->cu_off + e, s->dev_block + e, bytes)) ||
-                (rc = kvt__cu_memcpy(c->d_mtab + s->cu_off + e, s->meta_slot + e, bytes)))
+            if ((rc = kvt__cu_copy_sync(c->d_tab + s->cu_off + e, s->dev_block + e, bytes,
+                                        c->stream)) ||
+                (rc = kvt__cu_copy_sync(c->d_mtab + s->cu_off + e, s->meta_slot + e, bytes,
+                                        c->stream)))
                 return rc;
         }
     }
@@ -693,27 +695,27 @@ int kvt__cuda_step_plan(kvt_step *st, void *stream)
             (rc = kvt__pin_grow((void **)&c->h_tk, li, sizeof *c->h_tk)) ||
             (rc = kvt__pin_grow((void **)&c->h_sf, li, sizeof *c->h_sf)) ||
             (rc = kvt__pin_grow((void **)&c->h_at, li, sizeof *c->h_at)) ||
-            (rc = kvt__dev_grow((void **)&c->d_app, 0, li * sizeof *c->d_app)) ||
-            (rc = kvt__dev_grow((void **)&c->d_sc, 0, li * sizeof *c->d_sc)) ||
-            (rc = kvt__dev_grow((void **)&c->d_tk, 0, li * sizeof *c->d_tk)) ||
-            (rc = kvt__dev_grow((void **)&c->d_sf, 0, li * sizeof *c->d_sf)) ||
-            (rc = kvt__dev_grow((void **)&c->d_at, 0, li * sizeof *c->d_at)) ||
+            (rc = kvt__dev_grow((void **)&c->d_app, 0, li * sizeof *c->d_app, NULL)) ||
+            (rc = kvt__dev_grow((void **)&c->d_sc, 0, li * sizeof *c->d_sc, NULL)) ||
+            (rc = kvt__dev_grow((void **)&c->d_tk, 0, li * sizeof *c->d_tk, NULL)) ||
+            (rc = kvt__dev_grow((void **)&c->d_sf, 0, li * sizeof *c->d_sf, NULL)) ||
+            (rc = kvt__dev_grow((void **)&c->d_at, 0, li * sizeof *c->d_at, NULL)) ||
             (rc = kvt__pin_grow((void **)&c->h_sdev, li, sizeof *c->h_sdev)) ||
             (rc = kvt__pin_grow((void **)&c->h_smeta, li, sizeof *c->h_smeta)) ||
             (rc = kvt__pin_grow((void **)&c->h_rg, li, sizeof *c->h_rg)) ||
-            (rc = kvt__dev_grow((void **)&c->d_nsel, 0, items * 4)) ||
-            (rc = kvt__dev_grow((void **)&c->d_ntopk, 0, items * 4)))
+            (rc = kvt__dev_grow((void **)&c->d_nsel, 0, items * 4, NULL)) ||
+            (rc = kvt__dev_grow((void **)&c->d_ntopk, 0, items * 4, NULL)))
             return rc;
         c->cap_items = items;
     }
     if (pages > c->cap_pages) {
         c->cap_pages = 0;
         if ((rc = kvt__quiesce(c)) ||
-            (rc = kvt__dev_grow((void **)&c->d_vote, 0, pages * sizeof(float))) ||
-            (rc = kvt__dev_grow((void **)&c->d_sel, 0, pages * 4)) ||
-            (rc = kvt__dev_grow((void **)&c->d_topk, 0, pages * 4)) ||
-            (rc = kvt__dev_grow((void **)&c->d_blocks, 0, pages * 4)) ||
-            (rc = kvt__dev_grow((void **)&c->d_ntok, 0, pages * 4)))
+            (rc = kvt__dev_grow((void **)&c->d_vote, 0, pages * sizeof(float), NULL)) ||
+            (rc = kvt__dev_grow((void **)&c->d_sel, 0, pages * 4, NULL)) ||
+            (rc = kvt__dev_grow((void **)&c->d_topk, 0, pages * 4, NULL)) ||
+            (rc = kvt__dev_grow((void **)&c->d_blocks, 0, pages * 4, NULL)) ||
+            (rc = kvt__dev_grow((void **)&c->d_ntok, 0, pages * 4, NULL)))
             return rc;
         c->cap_pages = pages;
     }
@@ -727,7 +729,7 @@ int kvt__cuda_step_plan(kvt_step *st, void *stream)
      * launch over part of the batch (ready-first) fits the workspace. */
     const uint32_t at_sp = kvt__cu_attn_split_pages(&a);
     if (work > c->cap_work) {
-        if ((rc = kvt__quiesce(c)) || (rc = kvt__dev_grow(&c->d_work, 0, work)))
+        if ((rc = kvt__quiesce(c)) || (rc = kvt__dev_grow(&c->d_work, 0, work, NULL)))
             return rc;
         c->cap_work = work;
     }
@@ -950,14 +952,15 @@ int kvt__cuda_step_selection(const kvt_step *st, size_t ih, uint32_t *pages, uin
     if (!rc)
         rc = kvt__cu_stream_sync(c->sst);
     if (!rc)
-        rc = kvt__cu_memcpy(&n, c->d_nsel + ih, sizeof n);
+        rc = kvt__cu_copy_sync(&n, c->d_nsel + ih, sizeof n, c->sst);
     if (rc)
         return rc;
     if (n == UINT32_MAX)
         return kvt__err(KVT_EINTERNAL, "step: the saved top-K set outgrew its store");
     if (n > capacity)
         return kvt__err(KVT_ERANGE, "capacity: %u entries, the selection has %u", capacity, n);
-    if (n && (rc = kvt__cu_memcpy(pages, c->d_sel + st->sel_off[ih], n * sizeof *pages)))
+    if (n && (rc = kvt__cu_copy_sync(pages, c->d_sel + st->sel_off[ih], n * sizeof *pages,
+                                     c->sst)))
         return rc;
     *n_pages = n;
     return 0;
@@ -1272,7 +1275,7 @@ static int kvt__warm_dev(void **d, size_t *cap, size_t bytes)
 {
     if (bytes <= *cap)
         return 0;
-    int rc = kvt__dev_grow(d, 0, bytes);
+    int rc = kvt__dev_grow(d, 0, bytes, NULL);
     *cap = rc ? 0 : bytes;
     return rc;
 }
