@@ -1314,8 +1314,8 @@ static int kvt__dec_failed(kvt_step *st, uint32_t layer, uint8_t *rnd)
                     layer, why);
 }
 
-/* Decodes on CUDA that launched a round before waiting for promotions (a
- * test hook: the ready-first split ran). */
+/* Decodes on CUDA that launched ready sequences before waiting for the
+ * others' promotions (a test hook: the ready-first split ran). */
 uint64_t kvt__cuda_ready_first;
 
 /* The CUDA backend's decode. With lower tiers, ready first, as on the CPU:
@@ -1329,18 +1329,19 @@ static int kvt__cuda_decode(kvt_step *st, uint32_t layer, const float *q, float 
     if (!kvt__cuda_lower(st->pool))
         return kvt__cuda_step_decode(st, layer, q, out, lse, NULL);
     uint8_t *rnd = st->failed, *run = st->run;
-    bool late = false, skipped = false;
+    bool late = false, ready = false, skipped = false;
     for (uint32_t i = 0; i < st->n; i++) {
         rnd[i] = !st->tiered ? 0 : kvt__pending(st, i) ? 1 : (st->fcode[i] || st->wcode[i]) ? 2 : 0;
         run[i] = rnd[i] == 1 ? 0 : rnd[i] == 0 ? 1 : 2;
         late = late || rnd[i] == 1;
+        ready = ready || rnd[i] == 0;
     }
     uint32_t missing = 0, miss1 = 0;
     int rc = kvt__cuda_step_place(st, layer, run, &missing);
     if (!rc)
         rc = kvt__cuda_step_decode(st, layer, q, out, lse, run);
     if (!rc && late) {
-        kvt__cuda_ready_first++;
+        kvt__cuda_ready_first += ready; /* round 0 decoded some before the wait */
         for (uint32_t i = 0; i < st->n; i++) {
             run[i] = 0;
             if (rnd[i] != 1)

@@ -1214,8 +1214,8 @@ int kvt__cuda_mv_sync(const kvt_pool *p, void *h)
     kvt__cu_mv *m = h;
     if (!m) /* the copier could not be made: its error is reported already */
         return 0;
-    if (kvt__cuda_mv_delay_us && m->n) {
-        const uint32_t us = kvt__cuda_mv_delay_us;
+    const uint32_t us = __atomic_load_n(&kvt__cuda_mv_delay_us, __ATOMIC_RELAXED);
+    if (us && m->n) {
         const struct timespec ts = {(time_t)(us / 1000000u), (long)(us % 1000000u) * 1000L};
         (void)nanosleep(&ts, NULL);
     }

@@ -27,7 +27,8 @@
  * -inf. Also: the G = 64 / D = 256 / f32 shape that needs more than 48 KiB
  * of shared memory, pages larger than a tile (P = 100, chunked), an item
  * with more pages than max_pages promised, d_lse NULL, and every bad
- * argument (KVT_EINVAL naming it). */
+ * argument (KVT_EINVAL naming it). test_sub_launch: launches over runs of
+ * the items with the whole launch's split give its rows bit for bit. */
 #include "internal.h"
 #include "gputest.h"
 #include "testutil.h"
@@ -419,6 +420,102 @@ static void test_edges(void **state)
         run_shape(&shapes[i], 900 + i);
 }
 
+/* A launch over part of the items (the CUDA pool's ready-first decode
+ * launches runs of sequences) with the split_pages the whole batch's launch
+ * chose (kvt__cu_attn_split_pages) gives those items bit for bit the
+ * whole launch's rows, and needs no more workspace. The shape is one where
+ * a half launch left to choose its own split would choose another (so the
+ * pages would be split, and the sums associated, differently). */
+static void test_sub_launch(void **state)
+{
+    (void)state;
+    enum { N = 12, NP = 256, NB = 64, G = 2, D = 64, P = 16 };
+    const kvt_dtype dt = KVT_DTYPE_F16;
+    const size_t row = (size_t)D * 2, bb = 2 * (size_t)P * row;
+    tu_rng r = {0x5b1a7ull};
+    uint8_t *arena = malloc(NB * bb);
+    uint32_t *blocks = malloc((size_t)N * NP * sizeof *blocks);
+    uint32_t *ntok = malloc((size_t)N * NP * sizeof *ntok);
+    float *q = malloc((size_t)N * G * D * sizeof *q);
+    float *out_full = malloc((size_t)N * G * D * sizeof(float));
+    float *out_part = malloc((size_t)N * G * D * sizeof(float));
+    float lse_full[N * G], lse_part[N * G];
+    assert_true(arena && blocks && ntok && q && out_full && out_part);
+    for (size_t b = 0; b < NB; b++)
+        for (size_t e = 0; e < (size_t)P * D; e++) {
+            store_elem(arena + b * bb, dt, e, 2.0f * tu_unit(&r));
+            store_elem(arena + b * bb + (size_t)P * row, dt, e, tu_unit(&r));
+        }
+    kvt__cu_attn_item items[N];
+    for (uint32_t i = 0; i < N; i++) {
+        const uint32_t np = NP / 2 + tu_below(&r, NP / 2 + 1);
+        items[i] = (kvt__cu_attn_item){(uint64_t)i * G * D, (uint64_t)i * G * D,
+                                       (uint64_t)i * G, (uint64_t)i * NP, np, 0};
+        for (uint32_t j = 0; j < NP; j++) {
+            blocks[(size_t)i * NP + j] = 1 + tu_below(&r, NB - 1);
+            ntok[(size_t)i * NP + j] = j + 1 == np ? 1 + tu_below(&r, P) : P;
+        }
+    }
+    for (size_t e = 0; e < (size_t)N * G * D; e++)
+        q[e] = tu_unit(&r);
+    void *d_arena, *d_items, *d_blocks, *d_ntok, *d_q, *d_out, *d_lse, *d_work = NULL, *stream;
+    TU_OK(kvt__cu_malloc(&d_arena, NB * bb));
+    TU_OK(kvt__cu_malloc(&d_items, sizeof items));
+    TU_OK(kvt__cu_malloc(&d_blocks, (size_t)N * NP * sizeof *blocks));
+    TU_OK(kvt__cu_malloc(&d_ntok, (size_t)N * NP * sizeof *ntok));
+    TU_OK(kvt__cu_malloc(&d_q, (size_t)N * G * D * sizeof *q));
+    TU_OK(kvt__cu_malloc(&d_out, (size_t)N * G * D * sizeof(float)));
+    TU_OK(kvt__cu_malloc(&d_lse, sizeof lse_full));
+    TU_OK(kvt__cu_memcpy(d_arena, arena, NB * bb));
+    TU_OK(kvt__cu_memcpy(d_items, items, sizeof items));
+    TU_OK(kvt__cu_memcpy(d_blocks, blocks, (size_t)N * NP * sizeof *blocks));
+    TU_OK(kvt__cu_memcpy(d_ntok, ntok, (size_t)N * NP * sizeof *ntok));
+    TU_OK(kvt__cu_memcpy(d_q, q, (size_t)N * G * D * sizeof *q));
+    TU_OK(kvt__cu_stream_create(&stream, 0));
+    kvt__cu_attn_args a = {d_items, N, G, D, P, dt, 1.0f / sqrtf((float)D), NP, 0, d_q, d_out,
+                           d_lse, d_blocks, d_ntok, d_arena, bb, NULL};
+    const size_t ws = kvt__cu_attn_workspace_bytes(&a);
+    const uint32_t sp = kvt__cu_attn_split_pages(&a);
+    assert_true(ws > 0 && sp > 0 && sp < NP);
+    TU_OK(kvt__cu_malloc(&d_work, ws));
+    a.d_work = d_work;
+    TU_OK(kvt__cu_attn(&a, stream));
+    TU_OK(kvt__cu_stream_sync(stream));
+    TU_OK(kvt__cu_memcpy(out_full, d_out, (size_t)N * G * D * sizeof(float)));
+    TU_OK(kvt__cu_memcpy(lse_full, d_lse, sizeof lse_full));
+    TU_OK(kvt__cu_memset(d_out, 0xff, (size_t)N * G * D * sizeof(float)));
+    TU_OK(kvt__cu_memset(d_lse, 0xff, sizeof lse_full));
+    /* Runs of 5, 1 and 6 items. */
+    const uint32_t cut[] = {0, 5, 6, N};
+    for (uint32_t c = 0; c + 1 < sizeof cut / sizeof *cut; c++) {
+        kvt__cu_attn_args b = a;
+        b.d_items = (const kvt__cu_attn_item *)d_items + cut[c];
+        b.n_items = cut[c + 1] - cut[c];
+        b.split_pages = 0;
+        if (b.n_items > 1) /* the shape does what it is meant to */
+            assert_int_not_equal(kvt__cu_attn_split_pages(&b), sp);
+        b.split_pages = sp;
+        assert_int_equal(kvt__cu_attn_split_pages(&b), sp);
+        assert_true(kvt__cu_attn_workspace_bytes(&b) <= ws);
+        TU_OK(kvt__cu_attn(&b, stream));
+    }
+    TU_OK(kvt__cu_stream_sync(stream));
+    TU_OK(kvt__cu_memcpy(out_part, d_out, (size_t)N * G * D * sizeof(float)));
+    TU_OK(kvt__cu_memcpy(lse_part, d_lse, sizeof lse_part));
+    assert_memory_equal(out_part, out_full, (size_t)N * G * D * sizeof(float));
+    assert_memory_equal(lse_part, lse_full, sizeof lse_full);
+    kvt__cu_stream_destroy(stream);
+    void *d[] = {d_arena, d_items, d_blocks, d_ntok, d_q, d_out, d_lse, d_work};
+    for (size_t i = 0; i < sizeof d / sizeof *d; i++)
+        kvt__cu_free(d[i]);
+    free(arena);
+    free(blocks);
+    free(ntok);
+    free(q);
+    free(out_full);
+    free(out_part);
+}
+
 static void test_bad_args(void **state)
 {
     (void)state;
@@ -503,6 +600,7 @@ int main(void)
         cmocka_unit_test(test_bad_args),
         cmocka_unit_test(test_shapes),
         cmocka_unit_test(test_edges),
+        cmocka_unit_test(test_sub_launch),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

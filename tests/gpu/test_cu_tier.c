@@ -265,7 +265,7 @@ static void run_tiered(uint32_t delay_us)
         same_placement(&f, l, "after the prefill");
     uint32_t reranked = 0;
     const uint64_t rf0 = kvt__cuda_ready_first;
-    kvt__cuda_mv_delay_us = delay_us;
+    __atomic_store_n(&kvt__cuda_mv_delay_us, delay_us, __ATOMIC_RELAXED);
     for (uint32_t step = 0; step < STEPS; step++) {
         if (step == 9) { /* a sequence leaves, another takes its slot */
             TU_OK(kvt_seq_release(f.cpu, f.ic[1]));
@@ -278,7 +278,7 @@ static void run_tiered(uint32_t delay_us)
             prefill(&f, 0, 200);
         run_step(&f, step, &reranked);
     }
-    kvt__cuda_mv_delay_us = 0;
+    __atomic_store_n(&kvt__cuda_mv_delay_us, 0u, __ATOMIC_RELAXED);
     const uint64_t split = kvt__cuda_ready_first - rf0;
     const kvt_stats st = stats_of(f.gpu);
     printf("# %u reranked heads over %u steps; CUDA pool: %llu promoted (%llu into recycled "
@@ -641,6 +641,19 @@ static int setup(void **state)
     return mkdtemp(g_dir) ? 0 : -1;
 }
 
+/* After each test, pass or fail: the test hooks back to their defaults, so
+ * a failed test does not leave them set for the next. */
+static int reset_hooks(void **state)
+{
+    (void)state;
+    __atomic_store_n(&kvt__cuda_mv_delay_us, 0u, __ATOMIC_RELAXED);
+    kvt__cuda_copy_kernel_max = KVT__CU_COPY_KERNEL_MAX;
+    kvt__cuda_pin_refuse = false;
+    kvt__cuda_warm_budget = (size_t)64 << 20;
+    kvt__cu_blas_forbid(0);
+    return 0;
+}
+
 static int teardown(void **state)
 {
     (void)state;
@@ -651,11 +664,11 @@ int main(void)
 {
     GPU_SKIP_WITHOUT_DEVICE();
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_tiered_vs_cpu),
-        cmocka_unit_test(test_ready_first_vs_cpu),
-        cmocka_unit_test(test_moves_vs_cpu),
-        cmocka_unit_test(test_copier_rounds),
-        cmocka_unit_test(test_warmup_vs_cpu),
+        cmocka_unit_test_teardown(test_tiered_vs_cpu, reset_hooks),
+        cmocka_unit_test_teardown(test_ready_first_vs_cpu, reset_hooks),
+        cmocka_unit_test_teardown(test_moves_vs_cpu, reset_hooks),
+        cmocka_unit_test_teardown(test_copier_rounds, reset_hooks),
+        cmocka_unit_test_teardown(test_warmup_vs_cpu, reset_hooks),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

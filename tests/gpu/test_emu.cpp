@@ -692,6 +692,58 @@ static void test_memory_api(void **state)
     assert_int_equal(cudaGetLastError(), cudaSuccess);
 }
 
+// cudaHostRegister / cudaHostUnregister and what kernels may reach
+// (kvt_emu_gpu_visible): device, pinned and registered memory, whole
+// ranges only; plus the count of device synchronisations.
+static void test_registered_memory(void **state)
+{
+    (void)state;
+    (void)cudaGetLastError();
+    std::vector<unsigned char> buf(8192), other(64);
+    void *d = nullptr, *ph = nullptr;
+    CU_OK(cudaMalloc(&d, 100));
+    CU_OK(cudaHostAlloc(&ph, 100, cudaHostAllocMapped));
+    assert_true(kvt_emu_gpu_visible(d, 100));
+    assert_false(kvt_emu_gpu_visible(d, 101));
+    assert_true(kvt_emu_gpu_visible((char *)ph + 99, 1));
+    assert_true(kvt_emu_gpu_visible(other.data(), 0));
+    assert_false(kvt_emu_gpu_visible(other.data(), 1)); // pageable
+    unsigned char *b = buf.data();
+    assert_false(kvt_emu_gpu_visible(b + 1000, 8));
+    CU_OK(cudaHostRegister(b + 1000, 4096, cudaHostRegisterMapped | cudaHostRegisterPortable));
+    assert_true(kvt_emu_gpu_visible(b + 1000, 4096));
+    assert_true(kvt_emu_gpu_visible(b + 3000, 2096));
+    assert_false(kvt_emu_gpu_visible(b + 3000, 2097)); // runs past the range
+    assert_false(kvt_emu_gpu_visible(b + 999, 2));
+    void *dp = nullptr;
+    CU_OK(cudaHostGetDevicePointer(&dp, b + 1200, 0));
+    assert_ptr_equal(dp, b + 1200);
+    // overlapping ranges (inside, straddling either end), bad arguments
+    assert_int_equal(cudaHostRegister(b + 2000, 16, 0), cudaErrorHostMemoryAlreadyRegistered);
+    assert_int_equal(cudaHostRegister(b + 900, 200, 0), cudaErrorHostMemoryAlreadyRegistered);
+    assert_int_equal(cudaHostRegister(b + 5000, 200, 0), cudaErrorHostMemoryAlreadyRegistered);
+    assert_int_equal(cudaHostRegister(ph, 16, 0), cudaErrorHostMemoryAlreadyRegistered);
+    assert_int_equal(cudaHostRegister(b, 0, 0), cudaErrorInvalidValue);
+    assert_int_equal(cudaHostRegister(nullptr, 16, 0), cudaErrorInvalidValue);
+    assert_int_equal(cudaHostRegister(b, 16, 0x1000), cudaErrorInvalidValue);
+    CU_OK(cudaHostRegister(b, 1000, 0)); // adjacent, not overlapping
+    // unregister: exactly the registered start, once
+    assert_int_equal(cudaHostUnregister(b + 1001), cudaErrorHostMemoryNotRegistered);
+    assert_int_equal(cudaHostUnregister(ph), cudaErrorHostMemoryNotRegistered);
+    CU_OK(cudaHostUnregister(b + 1000));
+    assert_false(kvt_emu_gpu_visible(b + 1000, 1));
+    assert_int_equal(cudaHostUnregister(b + 1000), cudaErrorHostMemoryNotRegistered);
+    CU_OK(cudaHostUnregister(b));
+    (void)cudaGetLastError();
+    // device synchronisations are counted
+    const uint64_t n0 = kvt_emu_device_syncs();
+    CU_OK(cudaDeviceSynchronize());
+    CU_OK(cudaDeviceSynchronize());
+    assert_true(kvt_emu_device_syncs() == n0 + 2);
+    CU_OK(cudaFreeHost(ph));
+    CU_OK(cudaFree(d));
+}
+
 static void test_streams_events_device(void **state)
 {
     (void)state;
@@ -820,6 +872,7 @@ int main(void)
         cmocka_unit_test(test_shared_one_array_per_site),
         cmocka_unit_test(test_big_blocks_reuse_stacks),
         cmocka_unit_test(test_memory_api),
+        cmocka_unit_test(test_registered_memory),
         cmocka_unit_test(test_streams_events_device),
         cmocka_unit_test(test_aborts_on_kernel_bugs),
     };
