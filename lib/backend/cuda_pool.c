@@ -572,7 +572,8 @@ static int kvt__slot_state(kvt_pool *p, kvt__seq *s, uint32_t kmax)
             kvt__cu_free(c->d_saved);
             c->d_saved = nw;
         }
-        if (rc || (rc = kvt__dev_grow((void **)&c->d_nsaved, rows * 4, (size_t)n * c->LH * 4, c->stream)))
+        if (rc || (rc = kvt__dev_grow((void **)&c->d_nsaved, rows * 4, (size_t)n * c->LH * 4,
+                                      c->stream)))
             return rc;
         c->saved_slots = n;
         c->kcap = kcap;
