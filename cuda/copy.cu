@@ -181,7 +181,8 @@ int kvt__cu_copy_kernel(const kvt__cu_copy *d_list, uint32_t n, uint32_t max_blo
     if (!kvt_emu_gpu_visible(d_list, (size_t)n * sizeof *d_list))
         return kvt__err(KVT_EINTERNAL, "kvt__cu_copy_kernel: d_list %p (%u copies) is not "
                         "memory the GPU can reach (emulation check)", (const void *)d_list, n);
-    for (uint32_t i = 0; i < n; i++) {
+    // A list in device memory may be written by queued work: not read here.
+    for (uint32_t i = 0; i < n && !kvt_emu_is_device_mem(d_list); i++) {
         const kvt__cu_copy c = d_list[i];
         if (!kvt_emu_gpu_visible(reinterpret_cast<const void *>(c.src), c.bytes) ||
             !kvt_emu_gpu_visible(reinterpret_cast<const void *>(c.dst), c.bytes))

@@ -30,6 +30,9 @@
 
 #ifdef KVT_CUDA_EMU
 #include "emu/kvt_emu.h"
+#include <tuple>
+#include <type_traits>
+#include <utility>
 #else
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>
@@ -47,9 +50,21 @@ KVT__HIDDEN int kvt__err(int code, const char *fmt, ...) __attribute__((format(p
 #define KVT_SHARED(T, name, n) T *name = static_cast<T *>(kvt_emu_shared(sizeof(T) * (n), alignof(T)))
 #define KVT_DYN_SHARED(T, name) T *name = static_cast<T *>(kvt_emu_dyn_shared())
 #define KVT_SYNC() kvt_emu_syncthreads()
-// Launch: returns cudaError_t of the launch itself (bad configuration).
+// Launch: returns cudaError_t of the launch itself (bad configuration). The
+// arguments are converted to the kernel's parameter types and copied now,
+// as a launch does, since the grid runs later (queued on its stream).
 #define KVT_LAUNCH(kern, grid, block, smem, stream, ...) \
-    kvt_emu_launch((grid), (block), (size_t)(smem), (stream), #kern, [=]() { kern(__VA_ARGS__); })
+    kvt_emu_launch_args((grid), (block), (size_t)(smem), (stream), #kern, kern, ##__VA_ARGS__)
+template <class... P, class... A>
+inline cudaError_t kvt_emu_launch_args(dim3 grid, dim3 block, size_t smem, void *stream,
+                                       const char *name, void (*kern)(P...), A &&...args)
+{
+    static_assert(sizeof...(P) == sizeof...(A), "KVT_LAUNCH: wrong number of kernel arguments");
+    return kvt_emu_launch(grid, block, smem, stream, name,
+                          [kern, t = std::tuple<std::decay_t<P>...>(std::forward<A>(args)...)]() {
+                              std::apply(kern, t);
+                          });
+}
 #define KVT_SET_MAX_DYN_SHARED(kern, bytes) kvt_emu_set_max_dyn_shared(#kern, (size_t)(bytes))
 #else
 #define KVT_HD __host__ __device__ __forceinline__

@@ -174,8 +174,8 @@ KVT_KERNEL __launch_bounds__(KVT_WM_THREADS) kvt_wm_vote(const kvt__cu_warm_args
 
 // ---- cuBLAS, loaded at run time -------------------------------------------
 #ifdef KVT_CUDA_EMU
-// The emulation's cuBLAS: the same column-major strided batched SGEMM,
-// computed on the host (the emulation runs everything in issue order).
+// The emulation's cuBLAS: the same column-major strided batched SGEMM, as
+// a kernel of one thread on the handle's stream.
 typedef int cublasStatus_t;
 typedef void *cublasHandle_t;
 typedef int cublasOperation_t;
@@ -194,19 +194,31 @@ typedef cublasStatus_t (*kvt_blas_gemm_fn)(cublasHandle_t, cublasOperation_t, cu
                                            long long, const float *, int, long long,
                                            const float *, float *, int, long long, int);
 #ifdef KVT_CUDA_EMU
-int kvt_emu_blas_token;
+struct kvt_emu_blas_handle {
+    cudaStream_t stream;
+};
 cublasStatus_t kvt_emu_blas_create(cublasHandle_t *h)
 {
-    *h = &kvt_emu_blas_token;
+    *h = new kvt_emu_blas_handle{nullptr};
     return CUBLAS_STATUS_SUCCESS;
 }
-cublasStatus_t kvt_emu_blas_destroy(cublasHandle_t) { return CUBLAS_STATUS_SUCCESS; }
-cublasStatus_t kvt_emu_blas_stream(cublasHandle_t, cudaStream_t) { return CUBLAS_STATUS_SUCCESS; }
-// C[i + j ldc] = alpha sum_l op(A)[i][l] op(B)[l][j] + beta C (beta 0: C not read).
-cublasStatus_t kvt_emu_blas_gemm(cublasHandle_t, cublasOperation_t ta, cublasOperation_t tb, int m,
-                                 int n, int k, const float *alpha, const float *A, int lda,
-                                 long long sa, const float *B, int ldb, long long sb,
-                                 const float *beta, float *C, int ldc, long long sc, int batch)
+cublasStatus_t kvt_emu_blas_destroy(cublasHandle_t h)
+{
+    delete static_cast<kvt_emu_blas_handle *>(h);
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t kvt_emu_blas_stream(cublasHandle_t h, cudaStream_t s)
+{
+    static_cast<kvt_emu_blas_handle *>(h)->stream = s;
+    return CUBLAS_STATUS_SUCCESS;
+}
+// C[i + j ldc] = alpha sum_l op(A)[i][l] op(B)[l][j] + beta C (beta 0: C not
+// read): one emulated thread, queued on the handle's stream as cuBLAS's
+// kernels are.
+KVT_KERNEL kvt_emu_gemm_k(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+                          float alpha, const float *A, int lda, long long sa, const float *B,
+                          int ldb, long long sb, float beta, float *C, int ldc, long long sc,
+                          int batch)
 {
     for (int b = 0; b < batch; b++)
         for (int j = 0; j < n; j++)
@@ -220,9 +232,18 @@ cublasStatus_t kvt_emu_blas_gemm(cublasHandle_t, cublasOperation_t ta, cublasOpe
                     acc = fmaf(x, y, acc);
                 }
                 float *c = C + b * sc + i + (long long)j * ldc;
-                *c = *beta == 0.0f ? *alpha * acc : *alpha * acc + *beta * *c;
+                *c = beta == 0.0f ? alpha * acc : alpha * acc + beta * *c;
             }
-    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t kvt_emu_blas_gemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb,
+                                 int m, int n, int k, const float *alpha, const float *A, int lda,
+                                 long long sa, const float *B, int ldb, long long sb,
+                                 const float *beta, float *C, int ldc, long long sc, int batch)
+{
+    const cudaError_t e = KVT_LAUNCH(kvt_emu_gemm_k, 1, 1, 0,
+                                     static_cast<kvt_emu_blas_handle *>(h)->stream, ta, tb, m, n,
+                                     k, *alpha, A, lda, sa, B, ldb, sb, *beta, C, ldc, sc, batch);
+    return e == cudaSuccess ? CUBLAS_STATUS_SUCCESS : 13; // CUBLAS_STATUS_EXECUTION_FAILED
 }
 #endif
 

@@ -22,7 +22,9 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <deque>
 #include <map>
+#include <set>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -624,15 +626,47 @@ struct Alloc {
     AllocKind kind;
 };
 constexpr uint32_t kStreamMagic = 0x5354524du, kEventMagic = 0x45564e54u;
+struct EmuStream;
+// Work queued on a stream, run when something waits for it (see "deferred
+// stream work" below).
+struct Op {
+    enum Kind { KERNEL, COPY, SET, RECORD, WAIT } kind;
+    // KERNEL
+    dim3 grid, block;
+    size_t dyn, dyn_limit;
+    bool raised;
+    const char *name;
+    void (*call)(void *);
+    void (*destroy)(void *);
+    void *fn;
+    // COPY, SET
+    void *dst;
+    const void *src;
+    size_t n;
+    int value;
+    // RECORD: the event and its record number; WAIT: stream `from` must have
+    // run its first `upto` ops
+    struct EmuEvent *ev;
+    uint64_t seq;
+    EmuStream *from;
+    uint64_t upto;
+};
 struct EmuStream {
     uint32_t magic;
     unsigned flags;
     int priority;
+    std::deque<Op> q{}; // queued, not yet run
+    uint64_t enq = 0;  // ops queued so far
+    uint64_t done = 0; // ops run so far
 };
 struct EmuEvent {
     uint32_t magic;
     unsigned flags;
     bool recorded;
+    uint64_t rec_seq = 0;           // records asked for
+    uint64_t done_seq = 0;          // records that have run
+    EmuStream *rec_stream = nullptr; // where the last record was queued
+    uint64_t rec_op = 0;            // its op number there
 };
 
 std::mutex g_mu; // guards everything below
@@ -889,9 +923,20 @@ cudaError_t kvt_emu_set_max_dyn_shared(const char *name, size_t bytes)
     return cudaSuccess;
 }
 
+namespace {
+void run_kernel(const Op &op);
+cudaError_t enqueue(void *stream, Op &&op);
+} // namespace
+
 cudaError_t kvt_emu_launch_erased(dim3 grid, dim3 block, size_t dyn_smem, void *stream,
-                                  const char *name, void (*call)(void *), void *fn)
+                                  const char *name, void (*call)(void *), void (*destroy)(void *),
+                                  void *fn)
 {
+    struct Owner { // the closure, until it is queued
+        void (*destroy)(void *);
+        void *fn;
+        ~Owner() { if (fn) destroy(fn); }
+    } own{destroy, fn};
     Runner &r = runner();
     if (!name)
         name = "?";
@@ -920,16 +965,36 @@ cudaError_t kvt_emu_launch_erased(dim3 grid, dim3 block, size_t dyn_smem, void *
         return fail(cudaErrorInvalidValue);
     if (!stream_ok(stream))
         return fail(cudaErrorInvalidResourceHandle);
+    Op op{};
+    op.kind = Op::KERNEL;
+    op.grid = grid;
+    op.block = block;
+    op.dyn = dyn_smem;
+    op.dyn_limit = limit;
+    op.raised = raised;
+    op.name = name;
+    op.call = call;
+    op.destroy = destroy;
+    op.fn = fn;
+    own.fn = nullptr; // the op owns it now
+    return enqueue(stream, std::move(op));
+}
 
-    r.name = name;
+namespace {
+// Runs a queued kernel's whole grid on this thread.
+void run_kernel(const Op &op)
+{
+    Runner &r = runner();
+    const dim3 grid = op.grid, block = op.block;
+    r.name = op.name;
     r.grid = grid;
     r.block = block;
     r.nthreads = block.x * block.y * block.z;
-    r.dyn = dyn_smem;
-    r.dyn_limit = limit;
-    r.raised = raised;
-    r.call = call;
-    r.fn = fn;
+    r.dyn = op.dyn;
+    r.dyn_limit = op.dyn_limit;
+    r.raised = op.raised;
+    r.call = op.call;
+    r.fn = op.fn;
     while (r.fibers.size() < r.nthreads)
         new_fiber();
 
@@ -953,7 +1018,139 @@ cudaError_t kvt_emu_launch_erased(dim3 grid, dim3 block, size_t dyn_smem, void *
     }
     r.running = false;
     r.name = "";
+}
+} // namespace
+
+// ---- deferred stream work -------------------------------------------------------
+// Work queued on a stream (kernels, async copies and sets, event records and
+// waits) runs only when something waits for it: cudaStreamSynchronize or
+// cudaStreamQuery on the stream, cudaEventSynchronize or cudaEventQuery on
+// an event recorded after it, a cudaStreamWaitEvent queued on another
+// stream when that stream's work runs, cudaDeviceSynchronize, the calls
+// that synchronise the device (cudaFree, cudaFreeHost, cudaHostUnregister),
+// a cudaMemcpyAsync with pageable host memory (its stream), and work on the
+// legacy default stream (the blocking streams). So work that another stream
+// or the host uses without waiting for it is not there yet, as on a GPU that
+// is behind, and a host buffer rewritten before queued work read it is read
+// with its new contents. Whichever host thread waits runs the work.
+namespace {
+std::recursive_mutex g_exec; // queues and running them; taken before g_mu, never under it
+std::set<EmuStream *> &streams() // live streams
+{
+    static auto *m = new std::set<EmuStream *>;
+    return *m;
+}
+// Destroyed streams and events are kept (queued ops and later waits may
+// still name them), reachable so that leak checkers do not report them.
+std::vector<void *> &retired()
+{
+    static auto *v = new std::vector<void *>;
+    return *v;
+}
+
+void run_op(Op &op);
+void drain_to(EmuStream *s, uint64_t upto)
+{
+    while (s->done < upto && !s->q.empty()) {
+        Op op = std::move(s->q.front());
+        s->q.pop_front();
+        run_op(op);
+        s->done++;
+    }
+}
+
+void drain(EmuStream *s) { drain_to(s, s->enq); }
+
+void run_op(Op &op)
+{
+    switch (op.kind) {
+    case Op::KERNEL:
+        run_kernel(op);
+        op.destroy(op.fn);
+        op.fn = nullptr;
+        break;
+    case Op::COPY:
+        memmove(op.dst, op.src, op.n);
+        break;
+    case Op::SET:
+        memset(op.dst, op.value, op.n);
+        break;
+    case Op::RECORD:
+        if (op.ev->done_seq < op.seq)
+            op.ev->done_seq = op.seq;
+        break;
+    case Op::WAIT:
+        drain_to(op.from, op.upto);
+        break;
+    }
+}
+
+bool legacy_stream(const void *stream)
+{
+    return stream == nullptr || stream == (const void *)cudaStreamLegacy ||
+           stream == (const void *)cudaStreamPerThread;
+}
+
+// Work of the legacy default stream waits for the blocking streams'.
+void drain_blocking()
+{
+    std::lock_guard<std::recursive_mutex> lk(g_exec);
+    for (EmuStream *st : streams())
+        if (!(st->flags & cudaStreamNonBlocking))
+            drain(st);
+}
+
+void drain_all()
+{
+    std::lock_guard<std::recursive_mutex> lk(g_exec);
+    for (EmuStream *st : streams())
+        drain(st);
+}
+
+void drain_stream(void *stream)
+{
+    std::lock_guard<std::recursive_mutex> lk(g_exec);
+    if (legacy_stream(stream))
+        drain_blocking();
+    else
+        drain(static_cast<EmuStream *>(stream));
+}
+
+// Until the event's last record has run.
+void drain_event(EmuEvent *e)
+{
+    std::lock_guard<std::recursive_mutex> lk(g_exec);
+    if (e->rec_stream && e->done_seq < e->rec_seq)
+        drain_to(e->rec_stream, e->rec_op);
+}
+
+cudaError_t enqueue(void *stream, Op &&op)
+{
+    std::lock_guard<std::recursive_mutex> lk(g_exec);
+    if (legacy_stream(stream)) { // runs now, after the blocking streams' work
+        drain_blocking();
+        if (op.kind == Op::RECORD)
+            op.ev->rec_stream = nullptr;
+        run_op(op);
+        return cudaSuccess;
+    }
+    EmuStream *s = static_cast<EmuStream *>(stream);
+    s->q.push_back(std::move(op));
+    s->enq++;
+    if (s->q.back().kind == Op::RECORD) {
+        s->q.back().ev->rec_stream = s;
+        s->q.back().ev->rec_op = s->enq;
+    }
     return cudaSuccess;
+}
+} // namespace
+
+bool kvt_emu_is_device_mem(const void *p)
+{
+    std::lock_guard<std::mutex> lk(g_mu);
+    uintptr_t base = 0;
+    const Alloc *a = find_alloc(p, &base);
+    return a && a->kind == DEVICE_MEM;
 }
 
 // ---- runtime API --------------------------------------------------------------
@@ -1010,7 +1207,13 @@ cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, int dev
 }
 
 cudaError_t cudaMalloc(void **devPtr, size_t size) { return host_alloc(devPtr, size, DEVICE_MEM); }
-cudaError_t cudaFree(void *devPtr) { return host_free(devPtr, DEVICE_MEM); }
+// cudaFree, cudaFreeHost and cudaHostUnregister synchronise the device.
+cudaError_t cudaFree(void *devPtr)
+{
+    if (devPtr)
+        drain_all();
+    return host_free(devPtr, DEVICE_MEM);
+}
 
 cudaError_t cudaHostAlloc(void **pHost, size_t size, unsigned int flags)
 {
@@ -1019,7 +1222,12 @@ cudaError_t cudaHostAlloc(void **pHost, size_t size, unsigned int flags)
     return host_alloc(pHost, size, HOST_MEM);
 }
 cudaError_t cudaMallocHost(void **ptr, size_t size) { return host_alloc(ptr, size, HOST_MEM); }
-cudaError_t cudaFreeHost(void *ptr) { return host_free(ptr, HOST_MEM); }
+cudaError_t cudaFreeHost(void *ptr)
+{
+    if (ptr)
+        drain_all();
+    return host_free(ptr, HOST_MEM);
+}
 
 // Registered host memory is tracked like an allocation, so copies and the
 // visibility check below know the GPU may reach it.
@@ -1042,6 +1250,7 @@ cudaError_t cudaHostRegister(void *ptr, size_t size, unsigned int flags)
 
 cudaError_t cudaHostUnregister(void *ptr)
 {
+    drain_all();
     std::lock_guard<std::mutex> lk(g_mu);
     auto &m = allocs();
     auto it = m.find((uintptr_t)ptr);
@@ -1096,6 +1305,7 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpy
         e = check_range(src, count, src_dev);
     if (e != cudaSuccess)
         return fail(e);
+    drain_blocking(); // the legacy default stream
     memmove(dst, src, count);
     return cudaSuccess;
 }
@@ -1105,7 +1315,37 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count, enum cudaM
 {
     if (!stream_ok(stream))
         return fail(cudaErrorInvalidResourceHandle);
-    return cudaMemcpy(dst, src, count, kind);
+    bool dst_dev = false, src_dev = false;
+    switch (kind) {
+    case cudaMemcpyHostToHost: break;
+    case cudaMemcpyHostToDevice: dst_dev = true; break;
+    case cudaMemcpyDeviceToHost: src_dev = true; break;
+    case cudaMemcpyDeviceToDevice: dst_dev = src_dev = true; break;
+    case cudaMemcpyDefault: break;
+    default: return fail(cudaErrorInvalidMemcpyDirection);
+    }
+    if (count == 0)
+        return cudaSuccess;
+    if (!dst || !src)
+        return fail(cudaErrorInvalidValue);
+    cudaError_t e = check_range(dst, count, dst_dev);
+    if (e == cudaSuccess)
+        e = check_range(src, count, src_dev);
+    if (e != cudaSuccess)
+        return fail(e);
+    // Pageable host memory: the copy is done, after the stream's earlier
+    // work, when the call returns.
+    const bool pageable = !kvt_emu_gpu_visible(dst, count) || !kvt_emu_gpu_visible(src, count);
+    Op op{};
+    op.kind = Op::COPY;
+    op.dst = dst;
+    op.src = src;
+    op.n = count;
+    std::lock_guard<std::recursive_mutex> lk(g_exec);
+    enqueue(stream, std::move(op));
+    if (pageable)
+        drain_stream(stream);
+    return cudaSuccess;
 }
 
 cudaError_t cudaMemset(void *devPtr, int value, size_t count)
@@ -1115,6 +1355,7 @@ cudaError_t cudaMemset(void *devPtr, int value, size_t count)
     const cudaError_t e = check_range(devPtr, count, true);
     if (e != cudaSuccess)
         return fail(e);
+    drain_blocking(); // the legacy default stream
     memset(devPtr, value, count);
     return cudaSuccess;
 }
@@ -1123,7 +1364,17 @@ cudaError_t cudaMemsetAsync(void *devPtr, int value, size_t count, cudaStream_t 
 {
     if (!stream_ok(stream))
         return fail(cudaErrorInvalidResourceHandle);
-    return cudaMemset(devPtr, value, count);
+    if (count == 0)
+        return cudaSuccess;
+    const cudaError_t e = check_range(devPtr, count, true);
+    if (e != cudaSuccess)
+        return fail(e);
+    Op op{};
+    op.kind = Op::SET;
+    op.dst = devPtr;
+    op.value = value;
+    op.n = count;
+    return enqueue(stream, std::move(op));
 }
 
 cudaError_t cudaDeviceGetStreamPriorityRange(int *leastPriority, int *greatestPriority)
@@ -1144,6 +1395,10 @@ cudaError_t cudaStreamCreateWithPriority(cudaStream_t *pStream, unsigned int fla
     if (priority < -5)
         priority = -5;
     EmuStream *s = new EmuStream{kStreamMagic, flags, priority};
+    {
+        std::lock_guard<std::recursive_mutex> lx(g_exec);
+        streams().insert(s);
+    }
     std::lock_guard<std::mutex> lk(g_mu);
     handles()[s] = 1;
     *pStream = reinterpret_cast<cudaStream_t>(s);
@@ -1162,34 +1417,47 @@ cudaError_t cudaStreamCreate(cudaStream_t *pStream)
 
 cudaError_t cudaStreamDestroy(cudaStream_t stream)
 {
-    std::lock_guard<std::mutex> lk(g_mu);
-    auto &h = handles();
-    auto it = h.find(stream);
-    if (!stream || it == h.end() || reinterpret_cast<EmuStream *>(stream)->magic != kStreamMagic)
+    // The stream's work completes (CUDA lets it finish after the call).
+    std::lock_guard<std::recursive_mutex> lx(g_exec);
+    if (!stream || legacy_stream(stream) || !stream_ok(stream))
         return fail(cudaErrorInvalidResourceHandle);
-    h.erase(it);
-    reinterpret_cast<EmuStream *>(stream)->magic = 0;
-    delete reinterpret_cast<EmuStream *>(stream);
+    EmuStream *s = reinterpret_cast<EmuStream *>(stream);
+    drain(s);
+    streams().erase(s);
+    std::lock_guard<std::mutex> lk(g_mu);
+    handles().erase(stream);
+    s->magic = 0;
+    retired().push_back(s);
     return cudaSuccess;
 }
 
 cudaError_t cudaStreamSynchronize(cudaStream_t stream)
 {
-    return stream_ok(stream) ? cudaSuccess : fail(cudaErrorInvalidResourceHandle);
+    if (!stream_ok(stream))
+        return fail(cudaErrorInvalidResourceHandle);
+    drain_stream(stream);
+    return cudaSuccess;
 }
 
-cudaError_t cudaStreamQuery(cudaStream_t stream)
-{
-    return stream_ok(stream) ? cudaSuccess : fail(cudaErrorInvalidResourceHandle);
-}
+// Runs the stream's work first: code that polls would otherwise never see
+// it finish (nothing runs on its own here).
+cudaError_t cudaStreamQuery(cudaStream_t stream) { return cudaStreamSynchronize(stream); }
 
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags)
 {
-    if (!stream_ok(stream) || !event_of(event))
+    EmuEvent *e = event_of(event);
+    if (!stream_ok(stream) || !e)
         return fail(cudaErrorInvalidResourceHandle);
     if (flags & ~(unsigned)cudaEventWaitExternal)
         return fail(cudaErrorInvalidValue);
-    return cudaSuccess;
+    std::lock_guard<std::recursive_mutex> lx(g_exec);
+    if (!e->rec_stream || e->done_seq >= e->rec_seq)
+        return cudaSuccess; // never recorded, or its last record has run
+    Op op{};
+    op.kind = Op::WAIT;
+    op.from = e->rec_stream;
+    op.upto = e->rec_op; // the record as it is now, as in CUDA
+    return enqueue(stream, std::move(op));
 }
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int flags)
@@ -1213,30 +1481,39 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream)
     EmuEvent *e = event_of(event);
     if (!e || !stream_ok(stream))
         return fail(cudaErrorInvalidResourceHandle);
+    std::lock_guard<std::recursive_mutex> lx(g_exec);
     e->recorded = true;
+    Op op{};
+    op.kind = Op::RECORD;
+    op.ev = e;
+    op.seq = ++e->rec_seq;
+    return enqueue(stream, std::move(op));
+}
+
+// Runs the work before the event's last record first (see cudaStreamQuery).
+cudaError_t cudaEventQuery(cudaEvent_t event)
+{
+    EmuEvent *e = event_of(event);
+    if (!e)
+        return fail(cudaErrorInvalidResourceHandle);
+    drain_event(e);
     return cudaSuccess;
 }
 
-cudaError_t cudaEventQuery(cudaEvent_t event)
-{
-    return event_of(event) ? cudaSuccess : fail(cudaErrorInvalidResourceHandle);
-}
-
-cudaError_t cudaEventSynchronize(cudaEvent_t event)
-{
-    return event_of(event) ? cudaSuccess : fail(cudaErrorInvalidResourceHandle);
-}
+cudaError_t cudaEventSynchronize(cudaEvent_t event) { return cudaEventQuery(event); }
 
 cudaError_t cudaEventDestroy(cudaEvent_t event)
 {
+    std::lock_guard<std::recursive_mutex> lx(g_exec);
     std::lock_guard<std::mutex> lk(g_mu);
     auto &h = handles();
     auto it = h.find(event);
     if (!event || it == h.end() || reinterpret_cast<EmuEvent *>(event)->magic != kEventMagic)
         return fail(cudaErrorInvalidResourceHandle);
     h.erase(it);
+    // Queued records may still name it: kept, not freed.
     reinterpret_cast<EmuEvent *>(event)->magic = 0;
-    delete reinterpret_cast<EmuEvent *>(event);
+    retired().push_back(event);
     return cudaSuccess;
 }
 
@@ -1244,7 +1521,11 @@ cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end)
 {
     if (!ms)
         return fail(cudaErrorInvalidValue);
-    const EmuEvent *a = event_of(start), *b = event_of(end);
+    EmuEvent *a = event_of(start), *b = event_of(end);
+    if (a)
+        drain_event(a);
+    if (b)
+        drain_event(b);
     if (!a || !b || !a->recorded || !b->recorded || (a->flags & cudaEventDisableTiming) ||
         (b->flags & cudaEventDisableTiming))
         return fail(cudaErrorInvalidResourceHandle);
@@ -1256,7 +1537,8 @@ std::atomic<uint64_t> g_device_syncs{0};
 uint64_t kvt_emu_device_syncs(void) { return g_device_syncs.load(); }
 cudaError_t cudaDeviceSynchronize(void)
 {
-    g_device_syncs++; // nothing to wait for; counted for the tests
+    g_device_syncs++; // counted for the tests
+    drain_all();
     return cudaSuccess;
 }
 

@@ -2,9 +2,12 @@
 //
 // Every CUDA thread of a block runs as a cooperative coroutine (a fiber with
 // its own stack, KVT_EMU_STACK_KB = 256 KiB by default, 512 under ASan) on
-// the launching host thread; blocks run one after another, in a scrambled
-// but deterministic order, synchronously inside the launch (streams are
-// only validated: everything runs in issue order). Block barriers and
+// a host thread; blocks run one after another, in a scrambled but
+// deterministic order. A launch (like an async copy, set or event record)
+// is queued on its stream and runs when the host waits for that work
+// (stream or event synchronisation, a wait queued on another stream that
+// runs, a device synchronisation), on the thread that waits: work used
+// without a wait is not there yet, as on a GPU that is behind. Block barriers and
 // full-warp operations switch between the fibers. Shared memory is a heap
 // buffer per declaration and block, filled with 0xff bytes (unwritten
 // floats read as NaN); cp.async copies are deferred until the wait that
@@ -21,7 +24,8 @@
 // order in even-numbered blocks of the run order, decreasing in odd ones;
 // lanes of a warp are not in lock step between warp operations), no
 // preemption (a thread spinning on a flag another thread or block sets
-// hangs), no concurrency between blocks or kernels, no timing, no
+// hangs), no concurrency between blocks or kernels (a stream's queued work
+// runs when the host waits for it, in issue order), no timing, no
 // coalescing or bank conflicts, no register or occupancy limits. Device
 // memory is host memory (cudaMalloc = 256-byte aligned malloc filled with
 // 0xa5), so ASan sees out-of-bounds device and shared memory accesses.
@@ -164,18 +168,23 @@ template <int N> inline void kvt_cp_async_wait_groups(void)
 // Validates the configuration like an H100 (block dims > 0, <= 1024 threads,
 // block.z <= 64, grid.x < 2^31, grid.y/z <= 65535, dynamic shared memory <=
 // 48 KiB or the kernel's KVT_SET_MAX_DYN_SHARED value, a known stream) and
-// then runs the whole grid before returning. A bad configuration returns
+// queues the grid on the stream; it runs, whole, when something waits for
+// the stream's work (see "deferred stream work" in emu.cpp). A bad configuration returns
 // (and records for cudaGetLastError) cudaErrorInvalidConfiguration /
 // cudaErrorInvalidValue / cudaErrorInvalidResourceHandle.
+// fn: a heap copy of the kernel's closure, which the launch takes over
+// (run, then freed with destroy).
 cudaError_t kvt_emu_launch_erased(dim3 grid, dim3 block, size_t dyn_smem, void *stream,
-                                  const char *name, void (*call)(void *), void *fn);
+                                  const char *name, void (*call)(void *), void (*destroy)(void *),
+                                  void *fn);
 
 template <class F>
 inline cudaError_t kvt_emu_launch(dim3 grid, dim3 block, size_t dyn_smem, void *stream,
                                   const char *name, F fn)
 {
     return kvt_emu_launch_erased(
-        grid, block, dyn_smem, stream, name, [](void *p) { (*static_cast<F *>(p))(); }, &fn);
+        grid, block, dyn_smem, stream, name, [](void *p) { (*static_cast<F *>(p))(); },
+        [](void *p) { delete static_cast<F *>(p); }, new F(fn));
 }
 
 // cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -188,6 +197,8 @@ cudaError_t kvt_emu_set_max_dyn_shared(const char *name, size_t bytes);
 bool kvt_emu_gpu_visible(const void *p, size_t n);
 // cudaDeviceSynchronize calls so far (tests check a pool's calls make none).
 uint64_t kvt_emu_device_syncs(void);
+// Whether p lies in a device allocation (not host memory of any kind).
+bool kvt_emu_is_device_mem(const void *p);
 
 // ---- atomics (return the old value) -----------------------------------------
 inline unsigned atomicAdd(unsigned *p, unsigned v) { return __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }

@@ -522,6 +522,36 @@ static void run_moves(size_t kernel_max, bool unpinned)
             move_both(&f, back, 2);
         }
     }
+
+    /* A page copied out while the kernel that appends to it is still queued
+     * on the step's stream: the copy waits for it (the batch's event), so
+     * the host copy holds the new token. Checked by dropping the device
+     * copy and comparing every stored row. */
+    {
+        uint32_t T;
+        TU_OK(kvt_seq_length(f.cpu, s0, 0, &T));
+        const uint32_t need = P - T % P; /* steps until the token that fills the page */
+        for (uint32_t st = 0; st < need; st++) {
+            kvt_step *sc, *sg;
+            float k[NS * H * D], v[NS * H * D];
+            TU_OK(kvt_step_plan(f.cpu, f.ic, NS, &sc_o, &sc));
+            TU_OK(kvt_step_plan(f.gpu, f.ig, NS, &sg_o, &sg));
+            rand_rows(&f.r, k, NS * H * D);
+            rand_rows(&f.r, v, NS * H * D);
+            CU_OK(kvt__cu_memcpy(f.d_k, k, sizeof k));
+            CU_OK(kvt__cu_memcpy(f.d_v, v, sizeof v));
+            TU_OK(kvt_append(sc, 0, k, v, KVT_DTYPE_F32, 0));
+            TU_OK(kvt_append(sg, 0, f.d_k, f.d_v, KVT_DTYPE_F32, 0));
+            if (st + 1 == need) { /* the page is full with this step's token, still queued */
+                const kvt_move out1[] = {{s0, 0, 0, T / P, DV, HO, 0}};
+                move_both(&f, out1, 1);
+            }
+            TU_OK(kvt_step_finish(sc));
+            TU_OK(kvt_step_finish(sg));
+        }
+        const kvt_move drop[] = {{s0, 0, 0, T / P, DV, HO, DROP}};
+        move_both(&f, drop, 1);
+    }
     fx_free(&f);
     kvt__cuda_copy_kernel_max = KVT__CU_COPY_KERNEL_MAX;
 }

@@ -59,6 +59,13 @@ KVT_KERNEL k_reduce(const float *in, float *out, uint32_t *coords)
     c[5] = blockIdx.z;
 }
 
+// out[i] = in[i] + add for i < n (one block).
+KVT_KERNEL k_add(const int *in, int *out, int add, unsigned n)
+{
+    for (unsigned i = threadIdx.x; i < n; i += blockDim.x)
+        out[i] = in[i] + add;
+}
+
 // Threads >= n leave early; the others still meet at the barriers.
 KVT_KERNEL k_early_exit(unsigned n, unsigned *out)
 {
@@ -744,6 +751,71 @@ static void test_registered_memory(void **state)
     CU_OK(cudaFree(d));
 }
 
+// Deferred stream work: a launch runs when something waits for it, with
+// its arguments as they were at the launch; event waits order streams; a
+// copy with pageable memory is done when it returns; destroying a stream,
+// freeing memory and device synchronisation run what is queued.
+static void test_deferred_streams(void **state)
+{
+    (void)state;
+    (void)cudaGetLastError();
+    enum { N = 64 };
+    int *a = nullptr, *b = nullptr, *pin = nullptr;
+    CU_OK(cudaMalloc((void **)&a, N * sizeof(int)));
+    CU_OK(cudaMalloc((void **)&b, N * sizeof(int)));
+    CU_OK(cudaHostAlloc((void **)&pin, N * sizeof(int), cudaHostAllocMapped));
+    cudaStream_t s1, s2;
+    CU_OK(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
+    CU_OK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
+    for (int i = 0; i < N; i++)
+        pin[i] = i;
+    // queued, not run: the destination keeps its fill until a wait
+    CU_OK(cudaMemcpyAsync(a, pin, N * sizeof(int), cudaMemcpyHostToDevice, s1));
+    int add = 5;
+    CU_OK(KVT_LAUNCH(k_add, 1, 32, 0, s1, a, b, add, (unsigned)N));
+    add = 1000; // the launch took its arguments already
+    assert_int_equal((unsigned)a[0], 0xa5a5a5a5u);
+    pin[3] = -7; // a pinned source rewritten before the copy ran: read new
+    // s2 waits for s1's work so far, then doubles b's entries into a
+    cudaEvent_t ev;
+    CU_OK(cudaEventCreate(&ev));
+    CU_OK(cudaEventRecord(ev, s1));
+    CU_OK(cudaStreamWaitEvent(s2, ev, 0));
+    CU_OK(KVT_LAUNCH(k_add, 1, 32, 0, s2, b, a, 100, (unsigned)N));
+    CU_OK(KVT_LAUNCH(k_add, 1, 32, 0, s1, a, a, 1, (unsigned)N)); // after the record: not waited for
+    CU_OK(cudaStreamSynchronize(s2)); // runs s1 up to the record, then s2
+    for (int i = 0; i < N; i++)
+        assert_int_equal(a[i], (i == 3 ? -7 : i) + 5 + 100);
+    CU_OK(cudaEventSynchronize(ev));
+    CU_OK(cudaStreamSynchronize(s1)); // the last launch
+    assert_int_equal(a[0], 106);
+    // a copy with pageable memory: done at return, after the stream's work
+    std::vector<int> page(N, 0);
+    CU_OK(KVT_LAUNCH(k_add, 1, 32, 0, s1, a, b, 1, (unsigned)N));
+    CU_OK(cudaMemcpyAsync(page.data(), b, N * sizeof(int), cudaMemcpyDeviceToHost, s1));
+    assert_int_equal(page[0], 107);
+    // destroy, free and device synchronisation run what is queued
+    CU_OK(KVT_LAUNCH(k_add, 1, 32, 0, s2, a, b, 2, (unsigned)N));
+    CU_OK(cudaStreamDestroy(s2));
+    assert_int_equal(b[0], 108);
+    CU_OK(KVT_LAUNCH(k_add, 1, 32, 0, s1, a, b, 3, (unsigned)N));
+    CU_OK(cudaDeviceSynchronize());
+    assert_int_equal(b[0], 109);
+    CU_OK(KVT_LAUNCH(k_add, 1, 32, 0, s1, a, pin, 4, (unsigned)N));
+    assert_int_equal(pin[0], 0);
+    CU_OK(cudaFree(b));
+    assert_int_equal(pin[0], 110);
+    // a wait on an event never recorded, or already passed, waits for nothing
+    cudaEvent_t never;
+    CU_OK(cudaEventCreate(&never));
+    CU_OK(cudaStreamWaitEvent(s1, never, 0));
+    CU_OK(cudaEventDestroy(never));
+    CU_OK(cudaEventDestroy(ev));
+    CU_OK(cudaStreamDestroy(s1));
+    CU_OK(cudaFreeHost(pin));
+    CU_OK(cudaFree(a));
+}
+
 static void test_streams_events_device(void **state)
 {
     (void)state;
@@ -873,6 +945,7 @@ int main(void)
         cmocka_unit_test(test_big_blocks_reuse_stacks),
         cmocka_unit_test(test_memory_api),
         cmocka_unit_test(test_registered_memory),
+        cmocka_unit_test(test_deferred_streams),
         cmocka_unit_test(test_streams_events_device),
         cmocka_unit_test(test_aborts_on_kernel_bugs),
     };
