@@ -86,6 +86,19 @@ KVT_DEV uint64_t kvt__chunks(uint64_t bytes, uint64_t chunk)
 
 KVT_KERNEL kvt__copy_k(const kvt__cu_copy *list, uint32_t n, uint64_t chunk)
 {
+#ifdef KVT_CUDA_EMU
+    // A GPU faults on an address it cannot reach (pageable host memory);
+    // the emulation would copy it: checked when the kernel runs, with the
+    // list as the kernel reads it.
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+        if (!kvt_emu_gpu_visible(list, (size_t)n * sizeof *list))
+            kvt_emu_fault("kvt__copy_k: the copy list is not memory the GPU can reach");
+        for (uint32_t i = 0; i < n; i++)
+            if (!kvt_emu_gpu_visible(reinterpret_cast<const void *>(list[i].src), list[i].bytes) ||
+                !kvt_emu_gpu_visible(reinterpret_cast<const void *>(list[i].dst), list[i].bytes))
+                kvt_emu_fault("kvt__copy_k: a copy reads or writes memory the GPU cannot reach");
+    }
+#endif
     KVT_SHARED(uint64_t, s_end, KVT__COPY_THREADS); // inclusive scan of the tile's chunks
     KVT_SHARED(uint64_t, s_warp, KVT__COPY_THREADS / 32);
     const uint32_t t = threadIdx.x, lane = t & 31u, warp = t >> 5;
@@ -147,6 +160,16 @@ KVT_KERNEL kvt__copy_k(const kvt__cu_copy *list, uint32_t n, uint64_t chunk)
 KVT_KERNEL kvt__table_sync_k(const uint32_t *h_table, uint32_t *d_table,
                                   const kvt__cu_range *ranges, uint32_t n)
 {
+#ifdef KVT_CUDA_EMU
+    if (blockIdx.x == 0 && threadIdx.x == 0) { // as in kvt__copy_k
+        if (!kvt_emu_gpu_visible(ranges, (size_t)n * sizeof *ranges))
+            kvt_emu_fault("kvt__table_sync_k: the ranges are not memory the GPU can reach");
+        for (uint32_t r = 0; r < n; r++)
+            if (!kvt_emu_gpu_visible(h_table + ranges[r].src_off, ranges[r].n * 4ull) ||
+                !kvt_emu_gpu_visible(d_table + ranges[r].dst_off, ranges[r].n * 4ull))
+                kvt_emu_fault("kvt__table_sync_k: a range is not memory the GPU can reach");
+    }
+#endif
     for (uint32_t r = blockIdx.x; r < n; r += gridDim.x) {
         const kvt__cu_range rg = ranges[r];
         const uint32_t *s = h_table + rg.src_off;
@@ -175,22 +198,6 @@ int kvt__cu_copy_kernel(const kvt__cu_copy *d_list, uint32_t n, uint32_t max_blo
         return kvt__err(KVT_EINVAL, "chunk_bytes: %llu is not a multiple of 16",
                         (unsigned long long)chunk_bytes);
     const uint64_t chunk = chunk_bytes ? chunk_bytes : KVT__COPY_CHUNK;
-#ifdef KVT_CUDA_EMU
-    // On a GPU the kernel faults on pageable host memory; the emulation
-    // would not, so it refuses such a launch here.
-    if (!kvt_emu_gpu_visible(d_list, (size_t)n * sizeof *d_list))
-        return kvt__err(KVT_EINTERNAL, "kvt__cu_copy_kernel: d_list %p (%u copies) is not "
-                        "memory the GPU can reach (emulation check)", (const void *)d_list, n);
-    // A list in device memory may be written by queued work: not read here.
-    for (uint32_t i = 0; i < n && !kvt_emu_is_device_mem(d_list); i++) {
-        const kvt__cu_copy c = d_list[i];
-        if (!kvt_emu_gpu_visible(reinterpret_cast<const void *>(c.src), c.bytes) ||
-            !kvt_emu_gpu_visible(reinterpret_cast<const void *>(c.dst), c.bytes))
-            return kvt__err(KVT_EINTERNAL, "kvt__cu_copy_kernel: copy %u (%llu bytes) reads or "
-                            "writes memory the GPU cannot reach (emulation check)", i,
-                            (unsigned long long)c.bytes);
-    }
-#endif
     uint32_t grid = max_blocks;
     if (grid == 0) {
         int dev = 0, sms = 0;
@@ -253,16 +260,6 @@ int kvt__cu_table_sync(const uint32_t *h_table, uint32_t *d_table, const kvt__cu
         return kvt__err(KVT_EINVAL, "d_table: NULL with %u ranges", n_ranges);
     if (!d_ranges)
         return kvt__err(KVT_EINVAL, "d_ranges: NULL with n_ranges = %u", n_ranges);
-#ifdef KVT_CUDA_EMU
-    if (!kvt_emu_gpu_visible(d_ranges, (size_t)n_ranges * sizeof *d_ranges))
-        return kvt__err(KVT_EINTERNAL, "kvt__cu_table_sync: d_ranges is not memory the GPU can "
-                        "reach (emulation check)");
-    for (uint32_t r = 0; r < n_ranges; r++)
-        if (!kvt_emu_gpu_visible(h_table + d_ranges[r].src_off, d_ranges[r].n * 4u) ||
-            !kvt_emu_gpu_visible(d_table + d_ranges[r].dst_off, d_ranges[r].n * 4u))
-            return kvt__err(KVT_EINTERNAL, "kvt__cu_table_sync: range %u is not memory the GPU "
-                            "can reach (emulation check)", r);
-#endif
     const uint32_t grid = kvt_umin(n_ranges, KVT__SYNC_MAX_GRID);
     const cudaError_t e = KVT_LAUNCH(kvt__table_sync_k, grid, KVT__SYNC_THREADS, 0, stream,
                                      h_table, d_table, d_ranges, n_ranges);

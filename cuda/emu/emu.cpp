@@ -21,10 +21,10 @@
 #include <ucontext.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <deque>
 #include <map>
-#include <set>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -780,6 +780,12 @@ uint64_t gcd64(uint64_t a, uint64_t b)
 } // namespace
 
 // ---- kernel-side entry points -------------------------------------------------
+void kvt_emu_fault(const char *what)
+{
+    Fiber *f = need_fiber("kvt_emu_fault");
+    die("%s in %s (a GPU would fault here)", what, where(f).c_str());
+}
+
 void kvt_emu_no_ctx(const char *what)
 {
     die("%s used outside a kernel (no emulated thread is running)", what);
@@ -1035,9 +1041,9 @@ void run_kernel(const Op &op)
 // with its new contents. Whichever host thread waits runs the work.
 namespace {
 std::recursive_mutex g_exec; // queues and running them; taken before g_mu, never under it
-std::set<EmuStream *> &streams() // live streams
+std::vector<EmuStream *> &streams() // live streams, in creation order
 {
-    static auto *m = new std::set<EmuStream *>;
+    static auto *m = new std::vector<EmuStream *>;
     return *m;
 }
 // Destroyed streams and events are kept (queued ops and later waits may
@@ -1135,6 +1141,11 @@ cudaError_t enqueue(void *stream, Op &&op)
         return cudaSuccess;
     }
     EmuStream *s = static_cast<EmuStream *>(stream);
+    if (s->magic != kStreamMagic) { // destroyed since the caller checked it
+        if (op.kind == Op::KERNEL)
+            op.destroy(op.fn);
+        return fail(cudaErrorInvalidResourceHandle);
+    }
     s->q.push_back(std::move(op));
     s->enq++;
     if (s->q.back().kind == Op::RECORD) {
@@ -1397,7 +1408,7 @@ cudaError_t cudaStreamCreateWithPriority(cudaStream_t *pStream, unsigned int fla
     EmuStream *s = new EmuStream{kStreamMagic, flags, priority};
     {
         std::lock_guard<std::recursive_mutex> lx(g_exec);
-        streams().insert(s);
+        streams().push_back(s);
     }
     std::lock_guard<std::mutex> lk(g_mu);
     handles()[s] = 1;
@@ -1423,7 +1434,8 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream)
         return fail(cudaErrorInvalidResourceHandle);
     EmuStream *s = reinterpret_cast<EmuStream *>(stream);
     drain(s);
-    streams().erase(s);
+    auto &v = streams();
+    v.erase(std::find(v.begin(), v.end(), s));
     std::lock_guard<std::mutex> lk(g_mu);
     handles().erase(stream);
     s->magic = 0;

@@ -30,9 +30,9 @@
 // memory is host memory (cudaMalloc = 256-byte aligned malloc filled with
 // 0xa5), so ASan sees out-of-bounds device and shared memory accesses.
 // Device allocations, pinned host allocations and registered host ranges
-// are tracked: kvt_emu_gpu_visible tells launchers that take host
-// addresses whether a GPU could reach them (a kernel reading pageable
-// memory would fault on a GPU but not here).
+// are tracked: kvt_emu_gpu_visible tells kernels that take host addresses
+// whether a GPU could reach them (a kernel reading pageable memory would
+// fault on a GPU but not here), and kvt_emu_fault aborts where one would.
 //
 // Only kernel code written in the dialect of kvt_cuda_rt.cuh is supported;
 // include that header, not this one.
@@ -192,13 +192,16 @@ inline cudaError_t kvt_emu_launch(dim3 grid, dim3 block, size_t dyn_smem, void *
 cudaError_t kvt_emu_set_max_dyn_shared(const char *name, size_t bytes);
 // Whether [p, p + n) lies in memory a GPU kernel may access: one device
 // allocation, pinned host allocation or registered host range. (The
-// emulation cannot fault on pageable memory inside a kernel, so launchers
-// that take host addresses check them with this.)
+// emulation cannot fault on pageable memory inside a kernel, so kernels
+// that take host addresses check them with this under KVT_CUDA_EMU.)
 bool kvt_emu_gpu_visible(const void *p, size_t n);
 // cudaDeviceSynchronize calls so far (tests check a pool's calls make none).
 uint64_t kvt_emu_device_syncs(void);
 // Whether p lies in a device allocation (not host memory of any kind).
 bool kvt_emu_is_device_mem(const void *p);
+// In a kernel: aborts, naming the kernel, block and thread, where a GPU
+// would fault (e.g. an address it cannot reach).
+[[noreturn]] void kvt_emu_fault(const char *what);
 
 // ---- atomics (return the old value) -----------------------------------------
 inline unsigned atomicAdd(unsigned *p, unsigned v) { return __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }

@@ -772,8 +772,9 @@ static void test_deferred_streams(void **state)
     // queued, not run: the destination keeps its fill until a wait
     CU_OK(cudaMemcpyAsync(a, pin, N * sizeof(int), cudaMemcpyHostToDevice, s1));
     int add = 5;
-    CU_OK(KVT_LAUNCH(k_add, 1, 32, 0, s1, a, b, add, (unsigned)N));
-    add = 1000; // the launch took its arguments already
+    const int *padd = &add;
+    CU_OK(KVT_LAUNCH(k_add, 1, 32, 0, s1, a, b, *padd, (unsigned)N));
+    add = 1000; // the launch evaluated its arguments already
     assert_int_equal((unsigned)a[0], 0xa5a5a5a5u);
     pin[3] = -7; // a pinned source rewritten before the copy ran: read new
     // s2 waits for s1's work so far, then doubles b's entries into a
@@ -794,21 +795,37 @@ static void test_deferred_streams(void **state)
     CU_OK(KVT_LAUNCH(k_add, 1, 32, 0, s1, a, b, 1, (unsigned)N));
     CU_OK(cudaMemcpyAsync(page.data(), b, N * sizeof(int), cudaMemcpyDeviceToHost, s1));
     assert_int_equal(page[0], 107);
-    // destroy, free and device synchronisation run what is queued
+    // a re-recorded event: a wait takes the record as it is at the wait
+    CU_OK(KVT_LAUNCH(k_add, 1, 32, 0, s1, a, b, 10, (unsigned)N)); // b = 116
+    CU_OK(cudaEventRecord(ev, s1));
+    CU_OK(cudaMemsetAsync(b, 0, N * sizeof(int), s1)); // after the record: not waited for
+    CU_OK(cudaStreamWaitEvent(s2, ev, 0));
+    CU_OK(cudaEventRecord(ev, s1)); // later than the wait: not waited for
+    CU_OK(KVT_LAUNCH(k_add, 1, 32, 0, s2, b, pin, 0, (unsigned)N));
+    CU_OK(cudaStreamSynchronize(s2));
+    assert_int_equal(pin[0], 116);
+    CU_OK(cudaStreamSynchronize(s1));
+    assert_int_equal(b[0], 0); // the set ran
+    // destroy lets the queued work complete; free and device
+    // synchronisation run what is queued
     CU_OK(KVT_LAUNCH(k_add, 1, 32, 0, s2, a, b, 2, (unsigned)N));
     CU_OK(cudaStreamDestroy(s2));
+    CU_OK(cudaDeviceSynchronize());
     assert_int_equal(b[0], 108);
     CU_OK(KVT_LAUNCH(k_add, 1, 32, 0, s1, a, b, 3, (unsigned)N));
     CU_OK(cudaDeviceSynchronize());
     assert_int_equal(b[0], 109);
     CU_OK(KVT_LAUNCH(k_add, 1, 32, 0, s1, a, pin, 4, (unsigned)N));
-    assert_int_equal(pin[0], 0);
+    assert_int_equal(pin[0], 116); // queued, not run
     CU_OK(cudaFree(b));
     assert_int_equal(pin[0], 110);
-    // a wait on an event never recorded, or already passed, waits for nothing
+    // a wait on an event never recorded waits for nothing
     cudaEvent_t never;
     CU_OK(cudaEventCreate(&never));
     CU_OK(cudaStreamWaitEvent(s1, never, 0));
+    CU_OK(KVT_LAUNCH(k_add, 1, 32, 0, s1, a, pin, 1, (unsigned)N));
+    CU_OK(cudaStreamSynchronize(s1));
+    assert_int_equal(pin[0], 107);
     CU_OK(cudaEventDestroy(never));
     CU_OK(cudaEventDestroy(ev));
     CU_OK(cudaStreamDestroy(s1));
