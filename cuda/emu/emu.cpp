@@ -1296,8 +1296,12 @@ cudaError_t cudaHostGetDevicePointer(void **pDevice, void *pHost, unsigned int f
     return cudaSuccess;
 }
 
-cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind)
+namespace {
+// A copy's direction and ranges; *none: nothing to copy.
+cudaError_t copy_args(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind,
+                      bool *none)
 {
+    *none = count == 0;
     bool dst_dev = false, src_dev = false;
     switch (kind) {
     case cudaMemcpyHostToHost: break;
@@ -1316,6 +1320,16 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpy
         e = check_range(src, count, src_dev);
     if (e != cudaSuccess)
         return fail(e);
+    return cudaSuccess;
+}
+} // namespace
+
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind)
+{
+    bool none = false;
+    const cudaError_t e = copy_args(dst, src, count, kind, &none);
+    if (e != cudaSuccess || none)
+        return e;
     drain_blocking(); // the legacy default stream
     memmove(dst, src, count);
     return cudaSuccess;
@@ -1326,24 +1340,10 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count, enum cudaM
 {
     if (!stream_ok(stream))
         return fail(cudaErrorInvalidResourceHandle);
-    bool dst_dev = false, src_dev = false;
-    switch (kind) {
-    case cudaMemcpyHostToHost: break;
-    case cudaMemcpyHostToDevice: dst_dev = true; break;
-    case cudaMemcpyDeviceToHost: src_dev = true; break;
-    case cudaMemcpyDeviceToDevice: dst_dev = src_dev = true; break;
-    case cudaMemcpyDefault: break;
-    default: return fail(cudaErrorInvalidMemcpyDirection);
-    }
-    if (count == 0)
-        return cudaSuccess;
-    if (!dst || !src)
-        return fail(cudaErrorInvalidValue);
-    cudaError_t e = check_range(dst, count, dst_dev);
-    if (e == cudaSuccess)
-        e = check_range(src, count, src_dev);
-    if (e != cudaSuccess)
-        return fail(e);
+    bool none = false;
+    const cudaError_t e = copy_args(dst, src, count, kind, &none);
+    if (e != cudaSuccess || none)
+        return e;
     // Pageable host memory: the copy is done, after the stream's earlier
     // work, when the call returns.
     const bool pageable = !kvt_emu_gpu_visible(dst, count) || !kvt_emu_gpu_visible(src, count);
