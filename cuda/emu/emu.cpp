@@ -1156,14 +1156,6 @@ cudaError_t enqueue(void *stream, Op &&op)
 }
 } // namespace
 
-bool kvt_emu_is_device_mem(const void *p)
-{
-    std::lock_guard<std::mutex> lk(g_mu);
-    uintptr_t base = 0;
-    const Alloc *a = find_alloc(p, &base);
-    return a && a->kind == DEVICE_MEM;
-}
-
 // ---- runtime API --------------------------------------------------------------
 cudaError_t cudaGetDeviceCount(int *count)
 {

@@ -197,8 +197,6 @@ cudaError_t kvt_emu_set_max_dyn_shared(const char *name, size_t bytes);
 bool kvt_emu_gpu_visible(const void *p, size_t n);
 // cudaDeviceSynchronize calls so far (tests check a pool's calls make none).
 uint64_t kvt_emu_device_syncs(void);
-// Whether p lies in a device allocation (not host memory of any kind).
-bool kvt_emu_is_device_mem(const void *p);
 // In a kernel: aborts, naming the kernel, block and thread, where a GPU
 // would fault (e.g. an address it cannot reach).
 [[noreturn]] void kvt_emu_fault(const char *what);
