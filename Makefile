@@ -299,7 +299,7 @@ $(O)/tests/test_cxx_headers: tests/test_cxx_headers.cpp $(wildcard include/kvtie
 # are checked by ASan + UBSan (check-asan), the GPU runs by compute-sanitizer
 # (check-gpu).
 check: all $(TEST_BINS)
-	@O=$(O) VALGRIND="$(VALGRIND)" MAKE="$(MAKE)" CC="$(CC)" CXX="$(CXX)" \
+	@O=$(O) VALGRIND="$(VALGRIND)" MAKE="$(MAKE)" CC="$(CC)" CXX="$(CXX)" NVCC="$(NVCC)" \
 	  sh tests/run.sh $(if $(VALGRIND),$(filter-out $(GPU_TEST_BINS),$(TEST_BINS)),$(TEST_BINS)) \
 	  $(if $(VALGRIND)$(SAN),,$(TEST_SCRIPTS))
 

@@ -92,7 +92,11 @@ KVT_DEV void kvt_ap_segment(const kvt__cu_append_args &a, const kvt__cu_append_i
     }
 }
 
-KVT_KERNEL kvt_append_kernel(const kvt__cu_append_args a, uint32_t nsl)
+// At most 256 threads a block (dl * nsl, below): the bound lets ptxas keep the
+// registers within what such a block may use.
+#define KVT__AP_THREADS 256u
+
+KVT_KERNEL __launch_bounds__(KVT__AP_THREADS) kvt_append_kernel(const kvt__cu_append_args a, uint32_t nsl)
 {
     const kvt__cu_append_item it = a.d_items[blockIdx.x];
     const uint32_t dl = blockDim.x / nsl;
@@ -162,11 +166,11 @@ int kvt__cu_append(const kvt__cu_append_args *a, void *stream)
     // dl threads per slice cover D (up to 256 dimensions at once, whole
     // warps); with a prefill hint, several slices and blocks share an
     // item's pages.
-    const uint32_t dl = (kvt_umin(a->D, 256u) + 31u) & ~31u;
+    const uint32_t dl = (kvt_umin(a->D, KVT__AP_THREADS) + 31u) & ~31u;
     uint32_t nsl = 1, gy = 1;
     if (a->max_tokens > 1) {
         const uint64_t segs = ((uint64_t)a->max_tokens + 2u * a->P - 2u) / a->P;
-        nsl = (uint32_t)kvt_umin64(kvt_umax(1u, 256u / dl), segs);
+        nsl = (uint32_t)kvt_umin64(kvt_umax(1u, KVT__AP_THREADS / dl), segs);
         gy = (uint32_t)kvt_umin64((segs + nsl - 1) / nsl, 65535u);
     }
     const cudaError_t e = KVT_LAUNCH(kvt_append_kernel, dim3(a->n_items, gy), dim3(dl * nsl), 0,

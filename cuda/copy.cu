@@ -84,7 +84,7 @@ KVT_DEV uint64_t kvt__chunks(uint64_t bytes, uint64_t chunk)
     return bytes / chunk + (bytes % chunk != 0);
 }
 
-KVT_KERNEL kvt__copy_k(const kvt__cu_copy *list, uint32_t n, uint64_t chunk)
+KVT_KERNEL __launch_bounds__(KVT__COPY_THREADS) kvt__copy_k(const kvt__cu_copy *list, uint32_t n, uint64_t chunk)
 {
 #ifdef KVT_CUDA_EMU
     // A GPU faults on an address it cannot reach (pageable host memory);
@@ -157,8 +157,8 @@ KVT_KERNEL kvt__copy_k(const kvt__cu_copy *list, uint32_t n, uint64_t chunk)
 
 // One block per range (grid-stride over the ranges), its threads over the
 // entries: each warp reads 128 consecutive bytes of the host table.
-KVT_KERNEL kvt__table_sync_k(const uint32_t *h_table, uint32_t *d_table,
-                                  const kvt__cu_range *ranges, uint32_t n)
+KVT_KERNEL __launch_bounds__(KVT__SYNC_THREADS)
+kvt__table_sync_k(const uint32_t *h_table, uint32_t *d_table, const kvt__cu_range *ranges, uint32_t n)
 {
 #ifdef KVT_CUDA_EMU
     if (blockIdx.x == 0 && threadIdx.x == 0) { // as in kvt__copy_k

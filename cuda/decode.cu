@@ -266,7 +266,7 @@ KVT_DEV void kvt__at_issue(const kvt__attn_kp &k, const uint32_t *pb, const uint
 }
 
 // ---- the split kernel ---------------------------------------------------------
-template <int DT, bool AL> KVT_KERNEL kvt__attn_split(const kvt__attn_kp k)
+template <int DT, bool AL> KVT_KERNEL __launch_bounds__(KVT__AT_THREADS) kvt__attn_split(const kvt__attn_kp k)
 {
     KVT_DYN_SHARED(uint8_t, sm);
     KVT_SHARED(uint32_t, tnt, 2u * KVT__AT_TT_MAX);
@@ -493,7 +493,7 @@ KVT_DEV float kvt__at_block_sum(float v, float *red, uint32_t tid)
     return r;
 }
 
-KVT_KERNEL kvt__attn_merge(const kvt__attn_kp k)
+KVT_KERNEL __launch_bounds__(KVT__AT_MERGE_THREADS) kvt__attn_merge(const kvt__attn_kp k)
 {
     KVT_SHARED(float, red, KVT__AT_MERGE_THREADS / 32u);
     KVT_SHARED(float, w, KVT__AT_MERGE_CHUNK);

@@ -81,7 +81,7 @@ KVT_DEV void kvt__rc_result(const kvt__cu_recycle_args &a, uint32_t item, uint32
     a.d_status[item] = status;
 }
 
-KVT_KERNEL kvt__recycle_k(const kvt__cu_recycle_args a, uint32_t n2max)
+KVT_KERNEL __launch_bounds__(KVT__RC_THREADS) kvt__recycle_k(const kvt__cu_recycle_args a, uint32_t n2max)
 {
     KVT_DYN_SHARED(uint64_t, s_keys);
     uint8_t *s_cls = reinterpret_cast<uint8_t *>(s_keys + n2max);

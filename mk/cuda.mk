@@ -34,7 +34,7 @@ $(EMU_LIB): $(filter-out $(CU_SRCS:%.cu=$(O)/obj/%.o),$(LIB_OBJS)) $(EMU_OBJS)
 	ar rcs $@ $^
 
 PROGS += $(O)/bin/kvtier-bench-emu
-GPU_TEST_SCRIPTS := tests/test_bench_cuda.sh
+GPU_TEST_SCRIPTS := tests/test_bench_cuda.sh tests/test_cuda_resources.sh
 
 GPU_TEST_CFLAGS = $(TEST_CFLAGS) -Icuda -Itests
 GPU_REAL_BINS := $(GPU_TESTS:%=$(O)/tests/gpu/%)
