@@ -153,6 +153,15 @@ static int kvt__quiesce(struct kvt__cuda *c)
     return rc;
 }
 
+/* Orders the pool's stream after the last finished step's work (which may
+ * still run on the engine's stream) on the GPU, without a host wait: for
+ * work between steps that writes what that step's kernels read - blocks a
+ * release has freed since, the tables, a sequence's open page. */
+static int kvt__after_step(struct kvt__cuda *c)
+{
+    return !c->sst && c->done_pending ? kvt__cu_stream_wait_event(c->stream, c->done) : 0;
+}
+
 int kvt__cuda_pool_init(kvt_pool *p, const kvt_pool_opts *o)
 {
     const char *why = "";
@@ -280,8 +289,10 @@ int kvt__cuda_check(const kvt_pool *p)
     uint32_t *tab = NULL, *mtab = NULL;
     size_t cap = 0;
     int rc = kvt__cu_set_device(c->device);
+    if (!rc)
+        rc = kvt__after_step(c);
     /* What the host changed since the last use goes up first (after the
-     * open step's work, on its stream). */
+     * open step's work, on its stream; after a finished step's). */
     for (uint32_t si = 0; !rc && si < p->max_seqs; si++) {
         kvt__seq *s = &p->seqs[si];
         if (s->live)
@@ -601,6 +612,11 @@ int kvt__cuda_seq_append(kvt_pool *p, kvt__seq *s, uint32_t layer, const void *k
      * they go first (the pool's stream does not order with the step's). */
     if (!rc && c->sst)
         rc = kvt__cu_stream_sync(c->sst);
+    /* A finished step's kernels may still run on the engine's stream:
+     * they read blocks a release has since freed (which this append may
+     * take) and append to the page this one extends. */
+    if (!rc)
+        rc = kvt__after_step(c);
     if (!rc)
         rc = kvt__slot_state(p, s, 0);
     if (rc)
@@ -1164,8 +1180,7 @@ int kvt__cuda_mv_mark(kvt_pool *p, void **event)
         return rc;
     /* Inside a step: after the step's work queued so far. Between steps:
      * after the last step's work (prefills have finished already). */
-    if (!c->sst && c->done_pending)
-        rc = kvt__cu_stream_wait_event(c->stream, c->done);
+    rc = kvt__after_step(c);
     if (!rc)
         rc = kvt__cu_event_record(*event, c->sst ? c->sst : c->stream);
     if (rc) {

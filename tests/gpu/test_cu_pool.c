@@ -181,11 +181,114 @@ static void test_pool_vs_cpu(void **state)
     kvt_selector_destroy(f.sel);
 }
 
+/* A prefill chunk right after kvt_step_finish, with the step's kernels
+ * still queued on the engine's stream: a sequence leaves (its blocks go
+ * back to the free list, the last freed first) and another's chunk takes
+ * them, and the chunk extends the page the step's token went to. The
+ * prefill runs on the pool's stream and must wait for the finished step on
+ * the GPU, or it overwrites the blocks the step's decode still reads and
+ * races the step's append on the shared page's metadata. Every input is in
+ * device memory before the step, so nothing the test does between the
+ * step and the prefill waits for the engine's stream. */
+static void test_prefill_after_finish(void **state)
+{
+    (void)state;
+    fx f;
+    memset(&f, 0, sizeof f);
+    f.r = (tu_rng){0xfeedbeefull};
+    kvt_pool_opts oc = opts_of(KVT_BACKEND_CPU), og = opts_of(KVT_BACKEND_CUDA);
+    TU_OK(kvt_pool_create(&f.cpu, &oc));
+    TU_OK(kvt_pool_create(&f.gpu, &og));
+    kvt_geometry g = {L, H, HQ, D, P, KVT_DTYPE_F16, {0, 0}};
+    kvt_selector_opts so = KVT_SELECTOR_OPTS_INIT;
+    so.top_k_pages = 2;
+    TU_OK(kvt_selector_create(&f.sel, &g, &so));
+    CU_OK(kvt__cu_stream_create(&f.stream, 0));
+    new_seq(&f, 0, 37);
+    new_seq(&f, 1, 90);
+    new_seq(&f, 2, 60);
+    enum { CH = 20 };
+    const size_t kv = NS * H * D, qn = NS * HQ * D, ch = (size_t)CH * H * D;
+    float *k = malloc(L * kv * 4), *v = malloc(L * kv * 4), *q = malloc(L * qn * 4);
+    float *ck = malloc(L * ch * 4), *cv = malloc(L * ch * 4), *out = malloc(L * qn * 4);
+    float *out_g = malloc(qn * 4), lse[L][NS * HQ], lse_g[NS * HQ];
+    assert_true(k && v && q && ck && cv && out && out_g);
+    rand_rows(&f.r, k, L * kv);
+    rand_rows(&f.r, v, L * kv);
+    rand_rows(&f.r, q, L * qn);
+    rand_rows(&f.r, ck, L * ch);
+    rand_rows(&f.r, cv, L * ch);
+    float *dk = dev(L * kv * 4), *dv = dev(L * kv * 4), *dq = dev(L * qn * 4);
+    float *dck = dev(L * ch * 4), *dcv = dev(L * ch * 4);
+    float *dout = dev(L * qn * 4), *dlse = dev(L * NS * HQ * 4);
+    CU_OK(kvt__cu_memcpy(dk, k, L * kv * 4));
+    CU_OK(kvt__cu_memcpy(dv, v, L * kv * 4));
+    CU_OK(kvt__cu_memcpy(dq, q, L * qn * 4));
+    CU_OK(kvt__cu_memcpy(dck, ck, L * ch * 4));
+    CU_OK(kvt__cu_memcpy(dcv, cv, L * ch * 4));
+
+    kvt_step_opts sco = KVT_STEP_OPTS_INIT;
+    sco.selector = f.sel;
+    kvt_step_opts sgo = sco;
+    sgo.stream = f.stream;
+    kvt_step *sc, *sg;
+    TU_OK(kvt_step_plan(f.cpu, f.ic, NS, &sco, &sc));
+    NO_DEVICE_SYNC(kvt_step_plan(f.gpu, f.ig, NS, &sgo, &sg));
+    for (uint32_t l = 0; l < L; l++) {
+        TU_OK(kvt_append(sc, l, k + l * kv, v + l * kv, KVT_DTYPE_F32, 0));
+        NO_DEVICE_SYNC(kvt_append(sg, l, dk + l * kv, dv + l * kv, KVT_DTYPE_F32, 0));
+        TU_OK(kvt_attend(sc, l, q + l * qn, out + l * qn, lse[l]));
+        NO_DEVICE_SYNC(kvt_attend(sg, l, dq + l * qn, dout + l * qn, dlse + l * NS * HQ));
+    }
+    TU_OK(kvt_step_finish(sc));
+    NO_DEVICE_SYNC(kvt_step_finish(sg));
+    TU_OK(kvt_seq_release(f.cpu, f.ic[1]));
+    NO_DEVICE_SYNC(kvt_seq_release(f.gpu, f.ig[1]));
+    for (uint32_t l = 0; l < L; l++) {
+        TU_OK(kvt_seq_append(f.cpu, f.ic[0], l, ck + l * ch, cv + l * ch, CH, KVT_DTYPE_F32, 0));
+        NO_DEVICE_SYNC(kvt_seq_append(f.gpu, f.ig[0], l, dck + l * ch, dcv + l * ch, CH,
+                                      KVT_DTYPE_F32, 0));
+    }
+    CU_OK(kvt__cu_stream_sync(f.stream));
+    for (uint32_t l = 0; l < L; l++) {
+        CU_OK(kvt__cu_memcpy(out_g, dout + l * qn, qn * 4));
+        CU_OK(kvt__cu_memcpy(lse_g, dlse + l * NS * HQ, sizeof lse_g));
+        for (size_t e = 0; e < qn; e++)
+            if (!(fabsf(out_g[e] - out[l * qn + e]) <= 2e-5f))
+                fail_msg("layer %u: out[%zu] CUDA %.9g CPU %.9g", l, e, (double)out_g[e],
+                         (double)out[l * qn + e]);
+        for (size_t e = 0; e < NS * HQ; e++)
+            if (!(fabsf(lse_g[e] - lse[l][e]) <= 2e-5f * (1.0f + fabsf(lse[l][e]))))
+                fail_msg("layer %u: lse[%zu] CUDA %.9g CPU %.9g", l, e, (double)lse_g[e],
+                         (double)lse[l][e]);
+    }
+    new_seq(&f, 1, 5); /* same_contents reads every slot of the fixture */
+    same_contents(&f);
+    TU_CHECK(f.cpu);
+    TU_CHECK(f.gpu);
+
+    void *d[] = {dk, dv, dq, dck, dcv, dout, dlse};
+    for (size_t i = 0; i < sizeof d / sizeof d[0]; i++)
+        kvt__cu_free(d[i]);
+    free(k);
+    free(v);
+    free(q);
+    free(ck);
+    free(cv);
+    free(out);
+    free(out_g);
+    kvt__cu_stream_destroy(f.stream);
+    kvt_pool_destroy(f.cpu);
+    kvt_pool_destroy(f.gpu);
+    kvt_selector_destroy(f.sel);
+}
+
 int main(void)
 {
     GPU_SKIP_WITHOUT_DEVICE();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pool_vs_cpu),
+        cmocka_unit_test(test_prefill_after_finish),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
