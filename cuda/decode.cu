@@ -62,7 +62,6 @@
 // kvt__merge: M = max m, L = sum l * exp(m - M), out = sum acc * exp(m - M)
 // / L, lse = M + log(L). Items with a single real split are finished by the
 // split kernel itself; items with no pages get zeros and -inf.
-#include <atomic>
 
 #include "kvt_cuda_rt.cuh"
 
@@ -554,7 +553,6 @@ struct kvt__attn_plan {
     bool aligned;
     size_t smem;     /* dynamic shared memory of the split kernel */
     size_t smem_max; /* the device's opt-in limit per block */
-    int dev;
     uint64_t ws_bytes;
     uint32_t grid;
 };
@@ -680,7 +678,6 @@ int kvt__attn_plan_make(const kvt__cu_attn_args *a, kvt__attn_plan *pl, bool rep
         (rc = kvt__at_device_attr(cudaDevAttrMaxSharedMemoryPerMultiprocessor, &smem_sm, &dev,
                                   report)))
         return rc;
-    pl->dev = dev;
     pl->smem_max = (size_t)smem_max;
     uint32_t tt = KVT__AT_TILE_BYTES / (2u * k->RS);
     tt = tt < 1u ? 1u : tt > KVT__AT_TT_MAX ? KVT__AT_TT_MAX : tt;
@@ -738,22 +735,19 @@ template <int DT, bool AL> cudaError_t kvt__at_launch_split(const kvt__attn_plan
     void (*kvt__attn_split_kernel)(const kvt__attn_kp) = kvt__attn_split<DT, AL>;
     // Above the default 48 KiB - counting the static tnt[]: the default cap
     // on the dynamic part is 48 KiB less the static shared memory - the
-    // kernel's cap is raised, once per device, to all the device's opt-in
-    // limit leaves beside the kernel's static shared memory (the cap only
-    // bounds what a launch may ask for; occupancy follows the launch's
-    // actual size). Bit d of `raised`: done on device d (devices past 63
-    // raise it every launch).
-    static std::atomic<uint64_t> raised{0};
-    const uint64_t bit = pl->dev >= 0 && pl->dev < 64 ? 1ull << pl->dev : 0u;
-    if (pl->smem + KVT__AT_STATIC_SMEM > 48u * 1024u &&
-        !(raised.load(std::memory_order_relaxed) & bit)) {
+    // kernel's cap is raised to all the device's opt-in limit leaves beside
+    // the kernel's static shared memory (the cap only bounds what a launch
+    // may ask for; occupancy follows the launch's actual size). At every
+    // such launch: the attribute belongs to the kernel in the current
+    // context, which a cudaDeviceReset replaces, so a cache of "done" per
+    // device would outlive it (kvt__cu_recycle does the same).
+    if (pl->smem + KVT__AT_STATIC_SMEM > 48u * 1024u) {
         const cudaError_t e = KVT_SET_MAX_DYN_SHARED(kvt__attn_split_kernel,
                                                        pl->smem_max - KVT__AT_STATIC_SMEM);
         if (e != cudaSuccess) {
             (void)cudaGetLastError(); // reported by the caller, not by the next launch
             return e;
         }
-        raised.fetch_or(bit, std::memory_order_relaxed);
     }
     return KVT_LAUNCH(kvt__attn_split_kernel, pl->grid, KVT__AT_THREADS, pl->smem, stream, pl->k);
 }

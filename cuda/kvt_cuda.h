@@ -348,7 +348,11 @@ typedef struct kvt__cu_recycle_args {
     const uint32_t *d_sel, *d_n_sel;
     const uint32_t *d_free;
     const uint8_t *d_dev_base;      /* copy destinations */
-    const uint8_t *h_host_base;     /* pinned host arena (UVA) */
+    const uint8_t *h_host_base;     /* the pinned host arena as the device
+                                       addresses it: kvt__cu_host_device_ptr
+                                       of a registered range (the host
+                                       address itself only where
+                                       kvt__cu_host_ptr_direct) */
     uint64_t block_bytes;
     kvt__cu_copy *d_copies;
     uint32_t *d_freed;

@@ -193,8 +193,10 @@ int kvt__cuda_pool_init(kvt_pool *p, const kvt_pool_opts *o)
     if (!(c->selected = calloc(p->g.n_layers, 1)))
         return kvt__err(KVT_ENOMEM, "kvt_pool_create: cannot allocate the CUDA state");
     int rc = kvt__cu_set_device(c->device);
+    /* The default (least) priority: this stream runs prefill appends, which
+     * must not outrank the engine's decode stream. */
     if (!rc)
-        rc = kvt__cu_stream_create(&c->stream, 0);
+        rc = kvt__cu_stream_create(&c->stream, 1);
     if (!rc)
         rc = kvt__cu_event_create(&c->done);
     if (!rc)
@@ -1137,6 +1139,7 @@ typedef struct kvt__cu_mv {
     uint32_t n;
     int err;           /* first error of the round (a failed event wait) */
     void *last_ev;     /* the stream already waits for it */
+    int device;        /* the pool's: current when the stream goes */
 } kvt__cu_mv;
 
 size_t kvt__cuda_copy_kernel_max = KVT__CU_COPY_KERNEL_MAX;
@@ -1150,6 +1153,7 @@ int kvt__cuda_mv_stream(const kvt_pool *p, void **out)
     kvt__cu_mv *m = calloc(1, sizeof *m);
     if (!m)
         return kvt__err(KVT_ENOMEM, "mover: cannot allocate a CUDA copy list");
+    m->device = p->cu->device;
     if ((rc = kvt__cu_stream_create(&m->stream, 1)) ||
         (rc = kvt__cu_host_alloc((void **)&m->list, KVT__MV_LIST * sizeof *m->list))) {
         kvt__cu_stream_destroy(m->stream);
@@ -1165,6 +1169,7 @@ void kvt__cuda_mv_stream_free(void *h)
     kvt__cu_mv *m = h;
     if (!m)
         return;
+    (void)kvt__cu_set_device(m->device); /* the caller's thread may be on another */
     kvt__cu_stream_destroy(m->stream);
     kvt__cu_host_free(m->list);
     free(m);
@@ -1270,7 +1275,8 @@ int kvt__cuda_host_pin(const kvt_pool *p, void *h, size_t bytes)
 
 void kvt__cuda_host_unpin(const kvt_pool *p, void *h)
 {
-    (void)p;
+    if (p->cu) /* the mover goes before the pool's CUDA state */
+        (void)kvt__cu_set_device(p->cu->device);
     kvt__cu_host_unregister(h);
 }
 
