@@ -63,7 +63,7 @@ KVT_API size_t kvt_dtype_size(kvt_dtype dtype);
 
 /* ---- Backends --------------------------------------------------------- */
 typedef uint32_t kvt_backend;
-#define KVT_BACKEND_AUTO 0u /* CUDA when built in and usable, else CPU */
+#define KVT_BACKEND_AUTO 0u /* the CPU for now: CUDA only once validated on a GPU */
 #define KVT_BACKEND_CPU  1u
 #define KVT_BACKEND_CUDA 2u
 
