@@ -52,6 +52,31 @@ static kvt_pool_opts opts_of(kvt_backend b)
     return o;
 }
 
+/* Both pools, a selector of top_k pages reranking every `interval` steps,
+ * and the engine's stream. */
+static void fx_open(fx *f, uint64_t seed, uint32_t top_k, uint32_t interval)
+{
+    memset(f, 0, sizeof *f);
+    f->r = (tu_rng){seed};
+    kvt_pool_opts oc = opts_of(KVT_BACKEND_CPU), og = opts_of(KVT_BACKEND_CUDA);
+    TU_OK(kvt_pool_create(&f->cpu, &oc));
+    TU_OK(kvt_pool_create(&f->gpu, &og));
+    kvt_geometry g = {L, H, HQ, D, P, KVT_DTYPE_F16, {0, 0}};
+    kvt_selector_opts so = KVT_SELECTOR_OPTS_INIT;
+    so.top_k_pages = top_k;
+    so.rerank_interval = interval;
+    TU_OK(kvt_selector_create(&f->sel, &g, &so));
+    CU_OK(kvt__cu_stream_create(&f->stream, 0));
+}
+
+static void fx_close(fx *f)
+{
+    kvt__cu_stream_destroy(f->stream);
+    kvt_pool_destroy(f->cpu);
+    kvt_pool_destroy(f->gpu);
+    kvt_selector_destroy(f->sel);
+}
+
 /* One step on both pools. reselect: layer 0 is selected again after layer
  * 1 (its queued work must not be disturbed); no_stream: the CUDA step names
  * no stream (each call then waits). */
@@ -95,20 +120,11 @@ static void test_pool_vs_cpu(void **state)
 {
     (void)state;
     fx f;
-    memset(&f, 0, sizeof f);
-    f.r = (tu_rng){0xc0da5eedull};
-    kvt_pool_opts oc = opts_of(KVT_BACKEND_CPU), og = opts_of(KVT_BACKEND_CUDA);
-    TU_OK(kvt_pool_create(&f.cpu, &oc));
-    TU_OK(kvt_pool_create(&f.gpu, &og));
+    fx_open(&f, 0xc0da5eedull, 4, 3);
     kvt_stats st = {.struct_size = sizeof st};
     TU_OK(kvt_pool_stats(f.gpu, &st));
     assert_int_equal(st.backend, KVT_BACKEND_CUDA);
     kvt_geometry g = {L, H, HQ, D, P, KVT_DTYPE_F16, {0, 0}};
-    kvt_selector_opts so = KVT_SELECTOR_OPTS_INIT;
-    so.top_k_pages = 4;
-    so.rerank_interval = 3;
-    TU_OK(kvt_selector_create(&f.sel, &g, &so));
-    CU_OK(kvt__cu_stream_create(&f.stream, 0));
     f.d_k = dev(NS * H * D * sizeof(float));
     f.d_v = dev(NS * H * D * sizeof(float));
     f.d_q = dev(NS * HQ * D * sizeof(float));
@@ -175,10 +191,7 @@ static void test_pool_vs_cpu(void **state)
     void *d[] = {f.d_k, f.d_v, f.d_q, f.d_out, f.d_lse};
     for (size_t i = 0; i < sizeof d / sizeof d[0]; i++)
         kvt__cu_free(d[i]);
-    kvt__cu_stream_destroy(f.stream);
-    kvt_pool_destroy(f.cpu);
-    kvt_pool_destroy(f.gpu);
-    kvt_selector_destroy(f.sel);
+    fx_close(&f);
 }
 
 /* A prefill chunk right after kvt_step_finish, with the step's kernels
@@ -194,16 +207,7 @@ static void test_prefill_after_finish(void **state)
 {
     (void)state;
     fx f;
-    memset(&f, 0, sizeof f);
-    f.r = (tu_rng){0xfeedbeefull};
-    kvt_pool_opts oc = opts_of(KVT_BACKEND_CPU), og = opts_of(KVT_BACKEND_CUDA);
-    TU_OK(kvt_pool_create(&f.cpu, &oc));
-    TU_OK(kvt_pool_create(&f.gpu, &og));
-    kvt_geometry g = {L, H, HQ, D, P, KVT_DTYPE_F16, {0, 0}};
-    kvt_selector_opts so = KVT_SELECTOR_OPTS_INIT;
-    so.top_k_pages = 2;
-    TU_OK(kvt_selector_create(&f.sel, &g, &so));
-    CU_OK(kvt__cu_stream_create(&f.stream, 0));
+    fx_open(&f, 0xfeedbeefull, 2, 1);
     new_seq(&f, 0, 37);
     new_seq(&f, 1, 90);
     new_seq(&f, 2, 60);
@@ -277,10 +281,7 @@ static void test_prefill_after_finish(void **state)
     free(cv);
     free(out);
     free(out_g);
-    kvt__cu_stream_destroy(f.stream);
-    kvt_pool_destroy(f.cpu);
-    kvt_pool_destroy(f.gpu);
-    kvt_selector_destroy(f.sel);
+    fx_close(&f);
 }
 
 int main(void)
