@@ -229,6 +229,15 @@ static void exact_loop(uint32_t window, uint64_t seed)
             chunk_between_steps(f, 1, 2 * P + 3);
             chunk_between_steps(f, 3, P);
         }
+        if (step == 21) {
+            /* A chunk into a short sequence: 2 pages become 4. Its trim
+             * drops full pages that were last or local before; the heads
+             * whose budget covers all 4 pages select every page at the
+             * next step, so they rerank and promote them (not due by
+             * their interval, they would select pages off device). */
+            TU_OK(wait_all(f));
+            chunk_between_steps(f, 3, 2 * P + 5);
+        }
     }
     assert_true(promoted > 0 && evicted > 0);
     verify_all(f);
@@ -929,6 +938,7 @@ static void test_bad_input(void **state)
                                      kvt_err_name(rc_), kvt_last_error(), #code, (needle)); \
     } while (0)
     pheads ph = ph_uniform(2, 1, 1, 1, 4);
+    ph_unstable(&ph, 1, 1);
     pfx *f = pfx_open(&ph, 200, 200, 0, 0xbad);
     pfx_add(f, 5 * P + 3, KEYS_RANDOM);
     pfx_add(f, 2 * P, KEYS_RANDOM);
@@ -985,6 +995,21 @@ static void test_bad_input(void **state)
     TU_OK(kvt_step_plan(f->p, ids, 2, &bad, &st));
     TU_OK(kvt_step_finish(st));
     snap_same(&s0, f, "refused step options");
+
+    /* Explicit moves against the policy's placement: dropping the device
+     * copy of an unstable head's page, or of a stable head's sink page. */
+    kvt_mover *mv;
+    TU_OK(kvt_pool_mover(f->p, &mv));
+    kvt_fence fence;
+    int32_t mres[1];
+    const kvt_move unst = {f->t[0].id, 1, 1, 2, KVT_TIER_DEVICE, KVT_TIER_HOST,
+                           KVT_MOVE_DROP_SOURCE};
+    const kvt_move sink = {f->t[0].id, 0, 0, 0, KVT_TIER_DEVICE, KVT_TIER_HOST,
+                           KVT_MOVE_DROP_SOURCE};
+    EXPECT(kvt_mover_submit(mv, &unst, 1, 0, mres, &fence), KVT_EINVAL, "unstable head");
+    EXPECT(kvt_mover_submit(mv, &sink, 1, 0, mres, &fence), KVT_EINVAL, "sink or local");
+    TU_OK(wait_all(f));
+    snap_same(&s0, f, "refused moves");
 
     /* Pool options. */
     kvt_pool *p2 = NULL;

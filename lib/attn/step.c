@@ -162,6 +162,43 @@ static int kvt__evc_desc(const void *a, const void *b)
     return x->page < y->page ? -1 : x->page > y->page;
 }
 
+/* Tiered pools: whether the selection a stable head of `layer` makes when it
+ * does not rerank - every page when its budget covers them all, else the
+ * forced pages and its kept top-K set - names a page with no device copy
+ * and none arriving. A prefill's trim or an engine's explicit move may have
+ * dropped one since the head's last rerank; such a head reranks, so that
+ * kvt_rerank_recycle promotes the page (decode reads device copies; the
+ * CUDA backend's reads no other tier). Reads sink + local + K entries, or
+ * the pages when the budget covers them all (at most sink + local + K). */
+static bool kvt__reuse_off_device(const kvt_pool *p, const kvt__seq *s, uint32_t layer,
+                                  size_t lh, uint32_t k)
+{
+    const uint32_t tokens = s->n_tokens[layer], np = kvt__pages_for(p, tokens);
+    const uint32_t sink = p->pol->sink[lh], local = p->pol->local[lh];
+    const uint8_t *res = s->res + lh * s->cap_pages;
+    const uint8_t here = KVT_RES_DEVICE | KVT__RES_INBOUND;
+    const bool all = (uint64_t)k + sink + local >= np;
+    const uint32_t s_end = all || sink > np ? np : sink;
+    for (uint32_t pg = 0; pg < s_end; pg++)
+        if (!(res[pg] & here))
+            return true;
+    if (all)
+        return false;
+    const uint32_t l0 = local < np ? np - local : 0;
+    for (uint32_t pg = l0 > s_end ? l0 : s_end; pg < np; pg++)
+        if (!(res[pg] & here))
+            return true;
+    if (np && tokens % p->g.page_tokens && !(res[np - 1u] & here))
+        return true;
+    if (s->topk && s->topk_k[lh]) {
+        const uint32_t *t = s->topk + lh * s->topk_cap;
+        for (uint32_t j = 0; j < s->topk_n[lh]; j++)
+            if (t[j] < np && !(res[t[j]] & here))
+                return true;
+    }
+    return false;
+}
+
 /* Adds to *need the device blocks the rerank/recycle of s's due stable
  * heads may take beyond the blocks they give back, and to *pm the moves it
  * may issue. After a rerank a head keeps its forced pages, at most K x
@@ -184,7 +221,8 @@ static void kvt__promote_bound(const kvt_pool *p, const kvt__seq *s, const uint3
             *pm += ak[lh] < np + 1u ? ak[lh] : np + 1u;
             const uint32_t iv = aiv[lh];
             const bool due = iv <= 1 || !s->topk || s->topk_k[lh] != ak[lh] + 1u ||
-                             (s->steps + s->phase) % iv == 0;
+                             (s->steps + s->phase) % iv == 0 ||
+                             kvt__reuse_off_device(p, s, l, lh, ak[lh]);
             if (!due)
                 continue;
             const uint32_t sink = p->pol->sink[lh], local = p->pol->local[lh];
@@ -547,7 +585,9 @@ KVT_API int kvt_step_plan(kvt_pool *pool, const kvt_seq_id *seqs, uint32_t n_seq
                     const uint32_t iv = aiv[b];
                     /* topk_k holds K + 1 of the kept pages (0 = none). */
                     due = iv <= 1 || s->topk_k[b] != ak[b] + 1u ||
-                          (s->steps + s->phase) % iv == 0;
+                          (s->steps + s->phase) % iv == 0 ||
+                          (tiered && kvt__stable(pool, b) &&
+                           kvt__reuse_off_device(pool, s, l, b, ak[b]));
                 }
                 st->due[(size_t)i * L * H + b] = due;
             }

@@ -274,6 +274,19 @@ static void run_tiered(uint32_t delay_us)
             TU_OK(kvt_seq_create(f.gpu, NULL, &f.ig[1]));
             prefill(&f, 1, 450);
         }
+        if (step == 12) { /* a short sequence replaces another */
+            TU_OK(kvt_seq_release(f.cpu, f.ic[2]));
+            TU_OK(kvt_seq_release(f.gpu, f.ig[2]));
+            TU_OK(kvt_seq_create(f.cpu, NULL, &f.ic[2]));
+            TU_OK(kvt_seq_create(f.gpu, NULL, &f.ig[2]));
+            prefill(&f, 2, 100);
+        }
+        /* ... and gets a chunk after one step: 160 tokens, 5 full pages.
+         * The chunk's trim drops the device copy of page 3 (neither forced
+         * nor in the heads' top-K sets), which the heads whose budget covers
+         * every page select at the next step without reranking. */
+        if (step == 13)
+            prefill(&f, 2, 59);
         if (step == 15) /* a prefill chunk between steps */
             prefill(&f, 0, 200);
         run_step(&f, step, &reranked);
