@@ -9,6 +9,7 @@
 #include <time.h>
 
 #include "tier.h"
+#include "../policy/policy_int.h"
 
 #define KVT__MOVER_OPTS_V1 32u
 _Static_assert(sizeof(kvt_mover_opts) == KVT__MOVER_OPTS_V1, "mover opts v1");
@@ -545,7 +546,22 @@ static int kvt__check_move(kvt_pool *p, const kvt_move *mv, uint32_t i, kvt__seq
     if (mv->flags & ~KVT_MOVE_DROP_SOURCE)
         return kvt__err(KVT_EINVAL, "moves[%u].flags: unknown bits 0x%x", i,
                         mv->flags & ~KVT_MOVE_DROP_SOURCE);
-    const size_t e = kvt__lh(p, mv->layer, mv->kv_head) * s->cap_pages + mv->page;
+    const size_t lh = kvt__lh(p, mv->layer, mv->kv_head), e = lh * s->cap_pages + mv->page;
+    /* A pool with a policy keeps an unstable head's pages, and a stable
+     * head's sink, local and last pages, on device (kvt_pool_check). */
+    if (p->pol && mv->from == KVT_TIER_DEVICE && (mv->flags & KVT_MOVE_DROP_SOURCE)) {
+        if (!kvt__stable(p, lh))
+            return kvt__err(KVT_EINVAL, "moves[%u].flags: KVT_MOVE_DROP_SOURCE would drop the "
+                            "device copy of page %u of layer %u head %u, an unstable head "
+                            "(the pool's policy keeps its pages on device)", i, mv->page,
+                            mv->layer, mv->kv_head);
+        if (kvt__forced(mv->page, kvt__pages_for(p, tokens), tokens, p->g.page_tokens,
+                        p->pol->sink[lh], p->pol->local[lh]))
+            return kvt__err(KVT_EINVAL, "moves[%u].flags: KVT_MOVE_DROP_SOURCE would drop the "
+                            "device copy of page %u of layer %u head %u, a sink or local page "
+                            "(the pool's policy keeps them on device)", i, mv->page,
+                            mv->layer, mv->kv_head);
+    }
     if (s->res[e] & KVT__RES_BUSY)
         return kvt__err(KVT_EBUSY, "moves[%u]: page %u of layer %u head %u already has a move "
                         "in flight", i, mv->page, mv->layer, mv->kv_head);
