@@ -574,6 +574,7 @@ KVT_API int kvt_step_plan(kvt_pool *pool, const kvt_seq_id *seqs, uint32_t n_seq
     memcpy(st->seqs, ss, (size_t)n_seqs * sizeof *ss);
     memset(st->appended, 0, L);
     st->sel_layer = KVT__NO_LAYER;
+    st->emptied_layer = KVT__NO_LAYER;
     for (uint32_t i = 0; i < n_seqs; i++) {
         kvt__seq *s = ss[i];
         for (uint32_t l = 0; l < L; l++) {
@@ -1148,6 +1149,7 @@ static int kvt__select(kvt_step *st, uint32_t layer, const float *q)
     KVT__CHECK_NULL(q);
     if (st->pool->cu) {
         st->sel_layer = KVT__NO_LAYER;
+        st->emptied_layer = KVT__NO_LAYER; /* the selection rewrites the items */
         if (st->tiered)
             kvt__settle_orphans(st);
         rc = kvt__cuda_step_select(st, layer, q);
@@ -1398,7 +1400,7 @@ static int kvt__cuda_decode(kvt_step *st, uint32_t layer, const float *q, float 
     for (uint32_t i = 0; i < st->n; i++)
         skipped = skipped || rnd[i] == 2;
     if (skipped) /* the emptied items stay empty: a new decode needs a new selection */
-        st->sel_layer = KVT__NO_LAYER;
+        st->emptied_layer = layer;
     /* Sequences still pending (an error stopped round 1) settle as orphans
      * before the next selection. */
     const int rf = kvt__dec_failed(st, layer, rnd);
@@ -1422,6 +1424,9 @@ KVT_API int kvt_sparse_decode(kvt_step *st, uint32_t layer, const float *q, floa
     if (st->sel_layer != layer)
         return kvt__err(KVT_ESTATE, "layer: %u has no selection in this step (call "
                         "kvt_step_select or kvt_attend for it first)", layer);
+    if (st->pool->cu && st->emptied_layer == layer)
+        return kvt__err(KVT_ESTATE, "layer: %u's decode emptied the sequences whose promotions "
+                        "failed; select the layer again before decoding it again", layer);
     if (st->pool->cu)
         return kvt__cuda_decode(st, layer, q, out, lse);
     st->layer = layer;

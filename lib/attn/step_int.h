@@ -28,6 +28,9 @@ struct kvt_step {
     uint8_t *due;             /* [n * L * H] rerank this step */
     uint8_t *appended;        /* [L] */
     uint32_t sel_layer;       /* layer of the current selection */
+    uint32_t emptied_layer;   /* CUDA: a decode of this layer emptied the items
+                                 of failed sequences (decode it after a new
+                                 selection only) */
 
     uint32_t *sel_off, *sel_cnt; /* [n * H] */
     uint8_t *sel_rr;          /* [n * H] rescored */

@@ -129,6 +129,7 @@ int kvt__cuda_mv_copy(const kvt_pool *p, void *copier, void *after, void *dst, c
 
 size_t kvt__cuda_copy_kernel_max;
 uint32_t kvt__cuda_mv_delay_us;
+uint32_t kvt__cuda_mv_fail_rounds;
 bool kvt__cuda_pin_refuse;
 
 int kvt__cuda_mv_sync(const kvt_pool *p, void *stream)

@@ -1140,6 +1140,7 @@ typedef struct kvt__cu_mv {
     int err;           /* first error of the round (a failed event wait) */
     void *last_ev;     /* the stream already waits for it */
     int device;        /* the pool's: current when the stream goes */
+    bool to_dev;       /* the round copies into the device tier */
 } kvt__cu_mv;
 
 size_t kvt__cuda_copy_kernel_max = KVT__CU_COPY_KERNEL_MAX;
@@ -1216,6 +1217,9 @@ int kvt__cuda_mv_copy(const kvt_pool *p, void *h, void *after, void *dst, const 
         m->err = m->err ? m->err : rc;
         return rc;
     }
+    const kvt__arena *dv = &p->tier[KVT_TIER_DEVICE];
+    m->to_dev = m->to_dev || ((const uint8_t *)dst >= p->cu->d_dev &&
+                              (const uint8_t *)dst < p->cu->d_dev + dv->n_blocks * dv->block_bytes);
     /* Copies the kernel may not serve (a host side not mapped for the GPU)
      * are marked with the top bit of their size. */
     m->list[m->n++] = (kvt__cu_copy){(uint64_t)(uintptr_t)src, (uint64_t)(uintptr_t)dst,
@@ -1229,12 +1233,20 @@ int kvt__cuda_mv_copy(const kvt_pool *p, void *h, void *after, void *dst, const 
  * The stream is waited for even after an error, so no copy is still
  * landing when the caller reuses or frees a block. */
 uint32_t kvt__cuda_mv_delay_us;
+uint32_t kvt__cuda_mv_fail_rounds;
 
 int kvt__cuda_mv_sync(const kvt_pool *p, void *h)
 {
     kvt__cu_mv *m = h;
     if (!m) /* the copier could not be made: its error is reported already */
         return 0;
+    uint32_t fail = m->to_dev ? __atomic_load_n(&kvt__cuda_mv_fail_rounds, __ATOMIC_RELAXED) : 0;
+    while (fail && !__atomic_compare_exchange_n(&kvt__cuda_mv_fail_rounds, &fail, fail - 1u,
+                                                false, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+        ;
+    if (fail && !m->err)
+        m->err = kvt__err(KVT_EIO, "device copy: a round of %u copies failed (test hook)", m->n);
+    m->to_dev = false;
     const uint32_t us = __atomic_load_n(&kvt__cuda_mv_delay_us, __ATOMIC_RELAXED);
     if (us && m->n) {
         const struct timespec ts = {(time_t)(us / 1000000u), (long)(us % 1000000u) * 1000L};

@@ -210,6 +210,9 @@ KVT__HIDDEN extern size_t kvt__cuda_copy_kernel_max;
 /* Test hook: each copier sleeps this long before issuing a round (0: not
  * at all), so promotions are still in flight when the decode comes. */
 KVT__HIDDEN extern uint32_t kvt__cuda_mv_delay_us;
+/* Test hook: the next this many copy rounds into the device tier (the
+ * promotions) fail with KVT_EIO, copying nothing. */
+KVT__HIDDEN extern uint32_t kvt__cuda_mv_fail_rounds;
 /* Test hook: CUDA decodes that launched their ready sequences before
  * waiting for the others' promotions (lib/attn/step.c). */
 KVT__HIDDEN extern uint64_t kvt__cuda_ready_first;

@@ -241,26 +241,32 @@ static void make_policy(fx *f, const kvt_geometry *g)
 /* delay_us: the CUDA pool's copiers sleep that long before each round, so
  * a layer's promotions are still in flight when its decode comes and the
  * decode goes ready first (round 0 launched before the wait). */
+/* The tiered pair: device room for the unstable heads' pages and about a
+ * dozen per stable head, a host with fewer blocks than the stable heads'
+ * offloaded pages, a disk; three sequences. */
+static void tiered_open(fx *f, uint64_t seed)
+{
+    memset(f, 0, sizeof *f);
+    f->r = (tu_rng){seed};
+    kvt_geometry g = {L, H, HQ, D, P, KVT_DTYPE_F16, {0, 0}};
+    make_policy(f, &g);
+    kvt_selector_opts so = KVT_SELECTOR_OPTS_INIT;
+    TU_OK(kvt_selector_create(&f->sel, &g, &so));
+    kvt_pool_opts oc = opts_of(f, KVT_BACKEND_CPU, 420, 150, true);
+    kvt_pool_opts og = opts_of(f, KVT_BACKEND_CUDA, 420, 150, true);
+    TU_OK(kvt_pool_create(&f->cpu, &oc));
+    TU_OK(kvt_pool_create(&f->gpu, &og));
+    assert_int_equal(stats_of(f->gpu).backend, KVT_BACKEND_CUDA);
+    fx_buffers(f);
+    new_seq(f, 0, 300);
+    new_seq(f, 1, 530);
+    new_seq(f, 2, 700);
+}
+
 static void run_tiered(uint32_t delay_us)
 {
     fx f;
-    memset(&f, 0, sizeof f);
-    f.r = (tu_rng){0x7133edull};
-    kvt_geometry g = {L, H, HQ, D, P, KVT_DTYPE_F16, {0, 0}};
-    make_policy(&f, &g);
-    kvt_selector_opts so = KVT_SELECTOR_OPTS_INIT;
-    TU_OK(kvt_selector_create(&f.sel, &g, &so));
-    /* Device: the unstable heads' pages and about a dozen per stable head;
-     * host: fewer blocks than the stable heads' offloaded pages. */
-    kvt_pool_opts oc = opts_of(&f, KVT_BACKEND_CPU, 420, 150, true);
-    kvt_pool_opts og = opts_of(&f, KVT_BACKEND_CUDA, 420, 150, true);
-    TU_OK(kvt_pool_create(&f.cpu, &oc));
-    TU_OK(kvt_pool_create(&f.gpu, &og));
-    assert_int_equal(stats_of(f.gpu).backend, KVT_BACKEND_CUDA);
-    fx_buffers(&f);
-    new_seq(&f, 0, 300);
-    new_seq(&f, 1, 530);
-    new_seq(&f, 2, 700);
+    tiered_open(&f, 0x7133edull);
     for (uint32_t l = 0; l < L; l++)
         same_placement(&f, l, "after the prefill");
     uint32_t reranked = 0;
@@ -335,6 +341,129 @@ static void test_ready_first_vs_cpu(void **state)
 {
     (void)state;
     run_tiered(3000);
+}
+
+/* A promotion that fails on the CUDA pool (the copy hook fails the first
+ * round of copies into the device tier after it is armed): the decode
+ * returns KVT_EIO, empties the sequences whose promotions failed (zeros and
+ * -infinity) and serves the others exactly as the CPU pool does; the
+ * layer's selection stays readable and equal to the CPU's, and a second
+ * decode of the layer is refused until it is selected again. The next
+ * step rescores the failed sequence's heads and runs clean. */
+static void test_failed_promotion(void **state)
+{
+    (void)state;
+    fx f;
+    tiered_open(&f, 0xfa11edull);
+    uint32_t reranked = 0;
+    for (uint32_t step = 0; step < 2; step++)
+        run_step(&f, step, &reranked);
+    const size_t qn = NS * HQ * D;
+    float k[NS * H * D], v[NS * H * D], q[NS * HQ * D], out[NS * HQ * D], lse[NS * HQ];
+    float *out_g = malloc(qn * sizeof(float)), lse_g[NS * HQ];
+    assert_non_null(out_g);
+    uint32_t hit_layer = UINT32_MAX, failed = 0, fail_seq = 0;
+    __atomic_store_n(&kvt__cuda_mv_fail_rounds, 1u, __ATOMIC_RELAXED);
+    for (uint32_t step = 2; step < 12 && hit_layer == UINT32_MAX; step++) {
+        kvt_step_opts so = KVT_STEP_OPTS_INIT;
+        so.selector = f.sel;
+        kvt_step_opts sgo = so;
+        sgo.stream = f.stream;
+        kvt_step *sc, *sg;
+        TU_OK(kvt_step_plan(f.cpu, f.ic, NS, &so, &sc));
+        NO_DEVICE_SYNC(kvt_step_plan(f.gpu, f.ig, NS, &sgo, &sg));
+        for (uint32_t l = 0; l < L; l++) {
+            rand_rows(&f.r, k, NS * H * D);
+            rand_rows(&f.r, v, NS * H * D);
+            rand_rows(&f.r, q, NS * HQ * D);
+            CU_OK(kvt__cu_memcpy(f.d_k, k, sizeof k));
+            CU_OK(kvt__cu_memcpy(f.d_v, v, sizeof v));
+            CU_OK(kvt__cu_memcpy(f.d_q, q, sizeof q));
+            TU_OK(kvt_append(sc, l, k, v, KVT_DTYPE_F32, 0));
+            NO_DEVICE_SYNC(kvt_append(sg, l, f.d_k, f.d_v, KVT_DTYPE_F32, 0));
+            TU_OK(kvt_rerank_recycle(sc, l, q));
+            TU_OK(kvt_sparse_decode(sc, l, q, out, lse));
+            NO_DEVICE_SYNC(kvt_rerank_recycle(sg, l, f.d_q));
+            const int rc = kvt_sparse_decode(sg, l, f.d_q, f.d_out, f.d_lse);
+            if (hit_layer != UINT32_MAX)
+                continue; /* the pools differ from the failure on */
+            if (rc == 0) {
+                reranked += compare_layer(sc, sg, l, out, lse, &f);
+                continue;
+            }
+            assert_int_equal(rc, KVT_EIO);
+            assert_non_null(strstr(kvt_last_error(), "test hook"));
+            hit_layer = l;
+            CU_OK(kvt__cu_stream_sync(f.stream));
+            CU_OK(kvt__cu_memcpy(out_g, f.d_out, qn * sizeof(float)));
+            CU_OK(kvt__cu_memcpy(lse_g, f.d_lse, sizeof lse_g));
+            for (uint32_t i = 0; i < NS; i++) {
+                const size_t o = (size_t)i * HQ * D;
+                bool empty = true;
+                for (size_t e = 0; e < HQ * D; e++)
+                    empty = empty && out_g[o + e] == 0.0f;
+                for (size_t e = 0; e < HQ; e++)
+                    empty = empty && isinf(lse_g[i * HQ + e]) && lse_g[i * HQ + e] < 0;
+                if (empty) {
+                    failed++;
+                    fail_seq = i;
+                    continue;
+                }
+                for (size_t e = 0; e < HQ * D; e++)
+                    if (!(fabsf(out_g[o + e] - out[o + e]) <= 2e-5f))
+                        fail_msg("layer %u seq %u (not failed): out[%zu] CUDA %.9g CPU %.9g",
+                                 l, i, e, (double)out_g[o + e], (double)out[o + e]);
+                for (size_t e = 0; e < HQ; e++)
+                    if (!(fabsf(lse_g[i * HQ + e] - lse[i * HQ + e]) <=
+                          2e-5f * (1.0f + fabsf(lse[i * HQ + e]))))
+                        fail_msg("layer %u seq %u (not failed): lse differs", l, i);
+            }
+            /* The selection stays readable, and equal to the CPU's. */
+            for (uint32_t i = 0; i < NS; i++)
+                for (uint32_t h = 0; h < H; h++) {
+                    uint32_t a[MAXPG], b[MAXPG], na, nb, ra, rb;
+                    TU_OK(kvt_step_selection(sc, l, i, h, a, MAXPG, &na, &ra));
+                    NO_DEVICE_SYNC(kvt_step_selection(sg, l, i, h, b, MAXPG, &nb, &rb));
+                    assert_int_equal(ra, rb);
+                    if (na != nb || memcmp(a, b, na * 4))
+                        fail_msg("layer %u seq %u head %u: selections differ", l, i, h);
+                }
+            TU_EXPECT_ERR(kvt_sparse_decode(sg, l, f.d_q, f.d_out, f.d_lse), KVT_ESTATE,
+                          "select the layer again");
+        }
+        TU_OK(kvt_step_finish(sc));
+        NO_DEVICE_SYNC(kvt_step_finish(sg));
+    }
+    printf("# failed promotion at layer %u: %u of %u sequences emptied\n", hit_layer, failed,
+           NS);
+    assert_true(hit_layer != UINT32_MAX);
+    assert_true(failed >= 1 && failed < NS);
+    NO_DEVICE_SYNC(kvt_pool_check(f.gpu));
+
+    /* The next step on the CUDA pool: clean (the pages whose promotions
+     * failed are not on device: the heads that selected them rescore and
+     * promote them again). */
+    kvt_step_opts sgo = KVT_STEP_OPTS_INIT;
+    sgo.selector = f.sel;
+    sgo.stream = f.stream;
+    kvt_step *sg;
+    NO_DEVICE_SYNC(kvt_step_plan(f.gpu, f.ig, NS, &sgo, &sg));
+    uint32_t rescored = 0;
+    for (uint32_t l = 0; l < L; l++) {
+        NO_DEVICE_SYNC(kvt_append(sg, l, f.d_k, f.d_v, KVT_DTYPE_F32, 0));
+        NO_DEVICE_SYNC(kvt_rerank_recycle(sg, l, f.d_q));
+        NO_DEVICE_SYNC(kvt_sparse_decode(sg, l, f.d_q, f.d_out, f.d_lse));
+        for (uint32_t h = 0; l == hit_layer && h < H; h++) {
+            uint32_t b[MAXPG], nb, rb;
+            NO_DEVICE_SYNC(kvt_step_selection(sg, l, fail_seq, h, b, MAXPG, &nb, &rb));
+            rescored += h != 3 && rb; /* head 3 is unstable: it rescores every step */
+        }
+    }
+    assert_true(rescored > 0);
+    NO_DEVICE_SYNC(kvt_step_finish(sg));
+    NO_DEVICE_SYNC(kvt_pool_check(f.gpu));
+    free(out_g);
+    fx_free(&f);
 }
 
 #define NOBS 5u
@@ -690,6 +819,7 @@ static int reset_hooks(void **state)
 {
     (void)state;
     __atomic_store_n(&kvt__cuda_mv_delay_us, 0u, __ATOMIC_RELAXED);
+    __atomic_store_n(&kvt__cuda_mv_fail_rounds, 0u, __ATOMIC_RELAXED);
     kvt__cuda_copy_kernel_max = KVT__CU_COPY_KERNEL_MAX;
     kvt__cuda_pin_refuse = false;
     kvt__cuda_warm_budget = (size_t)64 << 20;
@@ -709,6 +839,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_tiered_vs_cpu, reset_hooks),
         cmocka_unit_test_teardown(test_ready_first_vs_cpu, reset_hooks),
+        cmocka_unit_test_teardown(test_failed_promotion, reset_hooks),
         cmocka_unit_test_teardown(test_moves_vs_cpu, reset_hooks),
         cmocka_unit_test_teardown(test_copier_rounds, reset_hooks),
         cmocka_unit_test_teardown(test_warmup_vs_cpu, reset_hooks),
