@@ -106,12 +106,9 @@ static inline void same_contents(const fx *f)
         }
 }
 
-/* One layer of the two steps: every head's selection equal, the CUDA
- * output and lse (in f->d_out, f->d_lse once f->stream is done) within
- * 2e-5 of the CPU's out_c, lse_c (both accumulate f32 over the same f16
- * rows, in different orders). Returns the heads reranked. */
-static inline uint32_t compare_layer(kvt_step *sc, kvt_step *sg, uint32_t layer,
-                                     const float *out_c, const float *lse_c, const fx *f)
+/* Every head's selection of `layer` equal on both steps (kvt_step_selection
+ * of the CUDA step synchronises no device). Returns the heads reranked. */
+static inline uint32_t same_selections(kvt_step *sc, kvt_step *sg, uint32_t layer)
 {
     uint32_t reranked = 0;
     for (uint32_t i = 0; i < NS; i++)
@@ -125,19 +122,40 @@ static inline uint32_t compare_layer(kvt_step *sc, kvt_step *sg, uint32_t layer,
                 fail_msg("layer %u seq %u head %u: selections differ (%u vs %u pages)", layer,
                          i, h, na, nb);
         }
+    return reranked;
+}
+
+/* Sequence i's rows of a layer's output and lse, CUDA (host copies) against
+ * the CPU's: within 2e-5 (both accumulate f32 over the same f16 rows, in
+ * different orders). */
+static inline void same_rows(const float *out_g, const float *lse_g, const float *out_c,
+                             const float *lse_c, uint32_t layer, uint32_t i)
+{
+    const size_t o = (size_t)i * HQ * D;
+    for (size_t e = o; e < o + (size_t)HQ * D; e++)
+        if (!(fabsf(out_g[e] - out_c[e]) <= 2e-5f))
+            fail_msg("layer %u seq %u: out[%zu] CUDA %.9g CPU %.9g", layer, i, e,
+                     (double)out_g[e], (double)out_c[e]);
+    for (size_t e = (size_t)i * HQ; e < (size_t)(i + 1) * HQ; e++)
+        if (!(fabsf(lse_g[e] - lse_c[e]) <= 2e-5f * (1.0f + fabsf(lse_c[e]))))
+            fail_msg("layer %u seq %u: lse[%zu] CUDA %.9g CPU %.9g", layer, i, e,
+                     (double)lse_g[e], (double)lse_c[e]);
+}
+
+/* One layer of the two steps: every head's selection equal, and the CUDA
+ * output and lse (in f->d_out, f->d_lse once f->stream is done) as
+ * same_rows against the CPU's out_c, lse_c. Returns the heads reranked. */
+static inline uint32_t compare_layer(kvt_step *sc, kvt_step *sg, uint32_t layer,
+                                     const float *out_c, const float *lse_c, const fx *f)
+{
+    const uint32_t reranked = same_selections(sc, sg, layer);
     float *out = malloc(NS * HQ * D * sizeof(float)), lse[NS * HQ];
     assert_non_null(out);
     CU_OK(kvt__cu_stream_sync(f->stream));
     CU_OK(kvt__cu_memcpy(out, f->d_out, NS * HQ * D * sizeof(float)));
     CU_OK(kvt__cu_memcpy(lse, f->d_lse, sizeof lse));
-    for (size_t e = 0; e < (size_t)NS * HQ * D; e++)
-        if (!(fabsf(out[e] - out_c[e]) <= 2e-5f))
-            fail_msg("layer %u: out[%zu] CUDA %.9g CPU %.9g", layer, e, (double)out[e],
-                     (double)out_c[e]);
-    for (size_t e = 0; e < (size_t)NS * HQ; e++)
-        if (!(fabsf(lse[e] - lse_c[e]) <= 2e-5f * (1.0f + fabsf(lse_c[e]))))
-            fail_msg("layer %u: lse[%zu] CUDA %.9g CPU %.9g", layer, e, (double)lse[e],
-                     (double)lse_c[e]);
+    for (uint32_t i = 0; i < NS; i++)
+        same_rows(out, lse, out_c, lse_c, layer, i);
     free(out);
     return reranked;
 }
