@@ -5,7 +5,7 @@
  * The includer defines L, H, HQ, D, P, NS (layers, KV heads, query heads,
  * head_dim, page tokens, sequences), MAXPG (the most pages a head's
  * selection may hold) and the type fx with at least: kvt_pool *cpu, *gpu;
- * kvt_seq_id ic[NS], ig[NS]; void *stream; float *d_out, *d_lse; tu_rng r;
+ * kvt_selector *sel; kvt_seq_id ic[NS], ig[NS]; void *stream; float *d_out, *d_lse; tu_rng r;
  * bool ints (prompt keys of small integers, for exact scores). */
 #ifndef KVT_PAIRTEST_H
 #define KVT_PAIRTEST_H
@@ -104,6 +104,19 @@ static inline void same_contents(const fx *f)
             free(a);
             free(b);
         }
+}
+
+/* A step of all NS sequences on both pools, with the fixture's selector
+ * (f->sel) and flags; the CUDA step on f->stream, or on none. */
+static inline void plan_both(fx *f, uint32_t flags, bool no_stream, kvt_step **sc, kvt_step **sg)
+{
+    kvt_step_opts so = KVT_STEP_OPTS_INIT;
+    so.flags = flags;
+    so.selector = f->sel;
+    kvt_step_opts sgo = so;
+    sgo.stream = no_stream ? NULL : f->stream;
+    TU_OK(kvt_step_plan(f->cpu, f->ic, NS, &so, sc));
+    NO_DEVICE_SYNC(kvt_step_plan(f->gpu, f->ig, NS, &sgo, sg));
 }
 
 /* Every head's selection of `layer` equal on both steps (kvt_step_selection

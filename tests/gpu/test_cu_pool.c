@@ -82,14 +82,8 @@ static void fx_close(fx *f)
  * no stream (each call then waits). */
 static void run_step(fx *f, uint32_t flags, bool reselect, bool no_stream, uint32_t *reranked)
 {
-    kvt_step_opts so = KVT_STEP_OPTS_INIT;
-    so.flags = flags;
-    so.selector = f->sel;
-    kvt_step_opts sgo = so;
-    sgo.stream = no_stream ? NULL : f->stream;
     kvt_step *sc, *sg;
-    TU_OK(kvt_step_plan(f->cpu, f->ic, NS, &so, &sc));
-    NO_DEVICE_SYNC(kvt_step_plan(f->gpu, f->ig, NS, &sgo, &sg));
+    plan_both(f, flags, no_stream, &sc, &sg);
     float k[NS * H * D], v[NS * H * D], q[NS * HQ * D], out[NS * HQ * D], lse[NS * HQ];
     for (uint32_t l = 0; l < L; l++) {
         rand_rows(&f->r, k, NS * H * D);
@@ -231,13 +225,8 @@ static void test_prefill_after_finish(void **state)
     CU_OK(kvt__cu_memcpy(dck, ck, L * ch * 4));
     CU_OK(kvt__cu_memcpy(dcv, cv, L * ch * 4));
 
-    kvt_step_opts sco = KVT_STEP_OPTS_INIT;
-    sco.selector = f.sel;
-    kvt_step_opts sgo = sco;
-    sgo.stream = f.stream;
     kvt_step *sc, *sg;
-    TU_OK(kvt_step_plan(f.cpu, f.ic, NS, &sco, &sc));
-    NO_DEVICE_SYNC(kvt_step_plan(f.gpu, f.ig, NS, &sgo, &sg));
+    plan_both(&f, 0, false, &sc, &sg);
     for (uint32_t l = 0; l < L; l++) {
         TU_OK(kvt_append(sc, l, k + l * kv, v + l * kv, KVT_DTYPE_F32, 0));
         NO_DEVICE_SYNC(kvt_append(sg, l, dk + l * kv, dv + l * kv, KVT_DTYPE_F32, 0));

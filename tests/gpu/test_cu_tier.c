@@ -183,13 +183,8 @@ static void fx_free(fx *f)
  * both pools start the next step from the same state. */
 static void run_step(fx *f, uint32_t step, uint32_t *reranked)
 {
-    kvt_step_opts so = KVT_STEP_OPTS_INIT;
-    so.selector = f->sel;
-    kvt_step_opts sgo = so;
-    sgo.stream = f->stream;
     kvt_step *sc, *sg;
-    TU_OK(kvt_step_plan(f->cpu, f->ic, NS, &so, &sc));
-    NO_DEVICE_SYNC(kvt_step_plan(f->gpu, f->ig, NS, &sgo, &sg));
+    plan_both(f, 0, false, &sc, &sg);
     float k[NS * H * D], v[NS * H * D], q[NS * HQ * D], out[NS * HQ * D], lse[NS * HQ];
     for (uint32_t l = 0; l < L; l++) {
         rand_rows(&f->r, k, NS * H * D);
@@ -365,13 +360,8 @@ static void test_failed_promotion(void **state)
     uint32_t hit_layer = UINT32_MAX, failed = 0, fail_seq = 0;
     __atomic_store_n(&kvt__cuda_mv_fail_rounds, 1u, __ATOMIC_RELAXED);
     for (uint32_t step = 2; step < 12 && hit_layer == UINT32_MAX; step++) {
-        kvt_step_opts so = KVT_STEP_OPTS_INIT;
-        so.selector = f.sel;
-        kvt_step_opts sgo = so;
-        sgo.stream = f.stream;
         kvt_step *sc, *sg;
-        TU_OK(kvt_step_plan(f.cpu, f.ic, NS, &so, &sc));
-        NO_DEVICE_SYNC(kvt_step_plan(f.gpu, f.ig, NS, &sgo, &sg));
+        plan_both(&f, 0, false, &sc, &sg);
         for (uint32_t l = 0; l < L; l++) {
             rand_rows(&f.r, k, NS * H * D);
             rand_rows(&f.r, v, NS * H * D);
