@@ -199,6 +199,19 @@ static bool kvt__reuse_off_device(const kvt_pool *p, const kvt__seq *s, uint32_t
     return false;
 }
 
+/* Whether head lh of `layer` of s reranks in this step (not dense): with no
+ * kept top-K set (topk_k holds K + 1 of the kept pages, 0 = none), at
+ * interval 1, or at the steps its interval and the sequence's phase pick;
+ * in a tiered pool a stable head also when its reused selection names a
+ * page off device. */
+static bool kvt__head_due(const kvt_pool *p, const kvt__seq *s, uint32_t layer, size_t lh,
+                          uint32_t k, uint32_t iv, bool tiered)
+{
+    return !s->topk || iv <= 1 || s->topk_k[lh] != k + 1u ||
+           (s->steps + s->phase) % iv == 0 ||
+           (tiered && kvt__stable(p, lh) && kvt__reuse_off_device(p, s, layer, lh, k));
+}
+
 /* Adds to *need the device blocks the rerank/recycle of s's due stable
  * heads may take beyond the blocks they give back, and to *pm the moves it
  * may issue. After a rerank a head keeps its forced pages, at most K x
@@ -219,11 +232,7 @@ static void kvt__promote_bound(const kvt_pool *p, const kvt__seq *s, const uint3
             /* Room for every stable head's promotions, due or not: a failed
              * warm-up makes all of a sequence's heads rescore mid-step. */
             *pm += ak[lh] < np + 1u ? ak[lh] : np + 1u;
-            const uint32_t iv = aiv[lh];
-            const bool due = iv <= 1 || !s->topk || s->topk_k[lh] != ak[lh] + 1u ||
-                             (s->steps + s->phase) % iv == 0 ||
-                             kvt__reuse_off_device(p, s, l, lh, ak[lh]);
-            if (!due)
+            if (!kvt__head_due(p, s, l, lh, ak[lh], aiv[lh], true))
                 continue;
             const uint32_t sink = p->pol->sink[lh], local = p->pol->local[lh];
             uint64_t dev = 0, stuck = 0, forced = 0;
@@ -581,16 +590,8 @@ KVT_API int kvt_step_plan(kvt_pool *pool, const kvt_seq_id *seqs, uint32_t n_seq
             st->expect[(size_t)i * L + l] = s->n_tokens[l];
             for (uint32_t h = 0; h < H; h++) {
                 const size_t b = (size_t)l * H + h;
-                uint8_t due = 1;
-                if (!dense && s->topk) {
-                    const uint32_t iv = aiv[b];
-                    /* topk_k holds K + 1 of the kept pages (0 = none). */
-                    due = iv <= 1 || s->topk_k[b] != ak[b] + 1u ||
-                          (s->steps + s->phase) % iv == 0 ||
-                          (tiered && kvt__stable(pool, b) &&
-                           kvt__reuse_off_device(pool, s, l, b, ak[b]));
-                }
-                st->due[(size_t)i * L * H + b] = due;
+                st->due[(size_t)i * L * H + b] =
+                    dense || kvt__head_due(pool, s, l, b, ak[b], aiv[b], tiered);
             }
         }
     }
