@@ -7,6 +7,7 @@
 #     machine;
 #   - every tests/gpu/test_cu_*.c links twice: $(O)/tests/gpu/test_cu_X
 #     (the GPU; exits 77 where there is none) and test_cu_X-emu (emulated).
+#   make gpu-bins    the GPU binaries alone (no emulated build)
 #   make check-gpu   the GPU binaries alone, each also under compute-sanitizer
 #                    memcheck and racecheck when the toolkit has it
 
@@ -34,7 +35,7 @@ $(EMU_LIB): $(filter-out $(CU_SRCS:%.cu=$(O)/obj/%.o),$(LIB_OBJS)) $(EMU_OBJS)
 	ar rcs $@ $^
 
 PROGS += $(O)/bin/kvtier-bench-emu
-GPU_TEST_SCRIPTS := tests/test_bench_cuda.sh tests/test_cuda_resources.sh
+GPU_TEST_SCRIPTS := tests/test_bench_cuda.sh tests/test_cuda_resources.sh tests/test_gpu_session.sh
 
 GPU_TEST_CFLAGS = $(TEST_CFLAGS) -Icuda -Itests
 GPU_REAL_BINS := $(GPU_TESTS:%=$(O)/tests/gpu/%)
@@ -62,6 +63,9 @@ GPU_TEST_SCRIPTS :=
 endif
 
 gpu-tests: $(GPU_TEST_BINS)
+# The GPU binaries alone (no emulation): what examples/bench/gpu-session.sh
+# builds on a GPU machine.
+gpu-bins: $(GPU_REAL_BINS)
 
 COMPUTE_SANITIZER ?= $(or $(shell command -v compute-sanitizer 2>/dev/null),$(wildcard $(CUDA_HOME)/bin/compute-sanitizer $(CUDA_HOME)/compute-sanitizer/compute-sanitizer))
 check-gpu: $(GPU_REAL_BINS)
@@ -75,4 +79,4 @@ check-gpu: $(GPU_REAL_BINS)
 	  done; \
 	else echo "check-gpu: compute-sanitizer not found (CUDA_HOME=$(CUDA_HOME)): sanitizer runs skipped"; fi
 
-.PHONY: gpu-tests check-gpu
+.PHONY: gpu-tests gpu-bins check-gpu

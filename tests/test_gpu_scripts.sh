@@ -4,7 +4,7 @@
 # unpacks them (with dpkg, and again with ar + tar where dpkg is missing)
 # and writes build configs that point at them; it refuses a folder with no
 # .deb files or without a needed library. gpu-session.sh exits 77 at every
-# stage where there is no GPU. Both print their usage on bad arguments.
+# stage where there is no GPU (its dry run is tests/test_gpu_session.sh). Both print their usage on bad arguments.
 set -u
 command -v dpkg-deb > /dev/null 2>&1 || { echo "dpkg-deb not installed: skipped"; exit 77; }
 t=$(mktemp -d)
@@ -69,7 +69,7 @@ sh examples/bench/gpu-session.sh nonsense 2> /dev/null
 if command -v nvidia-smi > /dev/null 2>&1; then
     echo "nvidia-smi present: the no-GPU exits are not checked"
 else
-    for st in build tests memcheck racecheck bench; do
+    for st in all build kernels pools memcheck racecheck bench-attn bench-copy bench-tier; do
         O="$t/o3" KVT_GPU_DEPS="$t/none" sh examples/bench/gpu-session.sh "$st" > /dev/null 2>&1
         rc=$?
         [ $rc -eq 77 ] || bad "gpu-session.sh $st without a GPU: exit $rc, not 77"

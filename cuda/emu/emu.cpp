@@ -987,11 +987,39 @@ cudaError_t kvt_emu_launch_erased(dim3 grid, dim3 block, size_t dyn_smem, void *
 }
 
 namespace {
+// KVT_EMU_STATS=FILE: at exit, append "launches=N threads=T" (kernels run,
+// CUDA threads run) to FILE. gpu-session.sh sizes the compute-sanitizer
+// stages with it: the sanitizers' cost grows with launches and threads.
+std::atomic<uint64_t> g_launches{0}, g_threads{0};
+
+void write_stats()
+{
+    const char *path = getenv("KVT_EMU_STATS");
+    FILE *f = path && *path ? fopen(path, "a") : nullptr;
+    if (!f)
+        return;
+    fprintf(f, "launches=%llu threads=%llu\n", (unsigned long long)g_launches.load(),
+            (unsigned long long)g_threads.load());
+    fclose(f);
+}
+
+void count_launch(uint64_t threads)
+{
+    static std::once_flag once;
+    std::call_once(once, [] {
+        if (getenv("KVT_EMU_STATS"))
+            atexit(write_stats);
+    });
+    g_launches.fetch_add(1, std::memory_order_relaxed);
+    g_threads.fetch_add(threads, std::memory_order_relaxed);
+}
+
 // Runs a queued kernel's whole grid on this thread.
 void run_kernel(const Op &op)
 {
     Runner &r = runner();
     const dim3 grid = op.grid, block = op.block;
+    count_launch((uint64_t)grid.x * grid.y * grid.z * block.x * block.y * block.z);
     r.name = op.name;
     r.grid = grid;
     r.block = block;

@@ -391,7 +391,8 @@ static void test_shapes(void **state)
                             .max_np = 7,
                             .n_blocks = 300,
                             .scale_mul = c % 3 == 2 ? 3.0f : 1.0f};
-                run_shape(&sh, 100 + c);
+                if (gpu_case_kept(c))
+                    run_shape(&sh, 100 + c);
             }
     printf("worst |out - ref| / (1 + max|v|) %.3g, |lse - ref| / (1 + |lse|) %.3g\n",
            g_worst.err, g_worst.lerr);

@@ -335,6 +335,10 @@ static void test_tiered_vs_cpu(void **state)
 static void test_ready_first_vs_cpu(void **state)
 {
     (void)state;
+    /* A timing variant of the run above (the copiers held back): left out
+     * of the reduced set the compute-sanitizer stages run. */
+    if (!gpu_case_kept(1))
+        skip();
     run_tiered(3000);
 }
 
@@ -476,6 +480,8 @@ static void test_warmup_vs_cpu(void **state)
                {KVT_SCORE_MEAN, KVT_VOTE_SUM, 1, 1},        {KVT_SCORE_MEAN, KVT_VOTE_SOFTVOTE, 1, 0}};
     const size_t budget = kvt__cuda_warm_budget;
     for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; c++) {
+        if (!gpu_case_kept(c))
+            continue;
         char what[96];
         snprintf(what, sizeof what, "method %u vote %u%s%s", (unsigned)cfg[c].method,
                  (unsigned)cfg[c].vote, cfg[c].no_blas ? " (no cuBLAS)" : "",
