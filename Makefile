@@ -101,7 +101,8 @@ $(O)/config-test.mk: Makefile $(O)/config.mk $(O)/config-decode.mk
 	$(call kvt_deps,$(TEST_DEPS),$@,CMOCKA)
 
 # ---- sources ----------------------------------------------------------------
-LIB_SRCS := $(wildcard lib/core/*.c lib/select/*.c lib/attn/*.c lib/tier/*.c lib/policy/*.c)
+LIB_SRCS := $(wildcard lib/core/*.c lib/select/*.c lib/attn/*.c lib/policy/*.c lib/tier/*.c \
+                      lib/step/*.c lib/api/*.c)
 ifeq ($(CUDA),1)
 CU_SRCS  := $(wildcard cuda/*.cu)
 LIB_SRCS += lib/backend/cuda_pool.c
@@ -143,7 +144,7 @@ include mk/cuda.mk
 TEST_BINS += $(GPU_TEST_BINS)
 TEST_SCRIPTS := tests/test_symbols.sh tests/test_man.sh tests/test_install.sh \
                 tests/test_profile_tool.sh tests/test_decode_tool.sh tests/test_cpp_example.sh \
-                tests/test_rust.sh tests/test_gpu_scripts.sh
+                tests/test_rust.sh tests/test_gpu_scripts.sh tests/test_layers.sh
 TEST_SCRIPTS += $(GPU_TEST_SCRIPTS)
 
 .PHONY: all lib programs check check-asan check-valgrind demo install uninstall clean \

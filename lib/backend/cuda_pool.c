@@ -37,7 +37,7 @@
 #include <time.h>
 
 #include "../core/internal.h"
-#include "../attn/step_int.h"
+#include "../step/step_int.h"
 #include "../../cuda/kvt_cuda.h"
 
 /* An event recorded after the last GPU work that read a pinned buffer. */

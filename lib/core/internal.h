@@ -289,7 +289,7 @@ KVT__HIDDEN extern const kvt__kernels kvt__kern_portable, kvt__kern_avx2, kvt__k
 /* The best kernels this CPU runs, capped by KVTIER_SIMD when set. */
 KVT__HIDDEN const kvt__kernels *kvt__kernels_select(void);
 
-/* ---- pool and sequences (pool.c, seq.c) ---------------------------------- */
+/* ---- pool and sequences (lib/api/pool.c; storage: seq.c, append.c) ------- */
 typedef struct kvt__seq {
     uint32_t gen;          /* generation of this slot when live */
     bool live;
@@ -395,6 +395,11 @@ struct kvt_pool {
     const struct kvt_policy *pol;
     const struct kvt_selector *sel;
     uint32_t step_id;       /* advances with every step plan (dirty ranges) */
+    /* Hook of the tiers that keep per-page state of their own: called when
+     * a sequence's block tables grow to cap_pages pages per (layer, head)
+     * (kvt__seq_reserve); set at pool creation (lib/api/pool.c). A failure
+     * leaves the tables as they were. */
+    int (*on_table_grow)(struct kvt_pool *p, struct kvt__seq *s, uint32_t cap_pages);
     struct {
         uint64_t sel_pages, sel_resident, promoted, recycled, evicted, offloaded, reranked,
             paused;
@@ -445,9 +450,14 @@ static inline bool kvt__cuda_lower(const kvt_pool *p)
     return p->cu && (p->tier[KVT_TIER_HOST].base || p->disk);
 }
 
-/* Looks up a live sequence; KVT_ENOENT for unknown or released ids. */
+/* Sequence storage (seq.c). Looks up a live sequence; KVT_ENOENT for
+ * unknown or released ids. */
 KVT__HIDDEN int kvt__seq_lookup(const kvt_pool *p, kvt_seq_id id, kvt__seq **out);
-KVT__HIDDEN void kvt__seq_free_pages(kvt_pool *p, kvt__seq *s);
+/* The id of slot `slot` at generation gen, and the slot an id names. */
+KVT__HIDDEN kvt_seq_id kvt__seq_id_make(const kvt_pool *p, uint32_t slot, uint32_t gen);
+KVT__HIDDEN uint32_t kvt__seq_id_slot(kvt_seq_id id);
+/* Frees a slot's state (its pages must be freed first); keeps the
+ * generation. */
 KVT__HIDDEN void kvt__seq_fini(kvt__seq *s);
 
 static inline size_t kvt__lh(const kvt_pool *p, uint32_t layer, uint32_t head)
@@ -460,7 +470,8 @@ static inline uint32_t kvt__pages_for(const kvt_pool *p, uint32_t tokens)
 }
 
 /* Grows the sequence's block tables to hold `pages` pages per (layer,
- * head); all-or-nothing (append.c). */
+ * head), and through p->on_table_grow the tiers' own tables;
+ * all-or-nothing (seq.c). */
 KVT__HIDDEN int kvt__seq_reserve(kvt_pool *p, kvt__seq *s, uint32_t pages);
 /* Allocates the device blocks and metadata slots of the pages n_tokens more
  * tokens of one layer open (append.c); blocks are known to be available. */
@@ -472,11 +483,11 @@ KVT__HIDDEN void kvt__append_unalloc(kvt_pool *p, kvt__seq *s, uint32_t layer, u
 KVT__HIDDEN void kvt__append_checked(kvt_pool *p, kvt__seq *s, uint32_t layer, const void *k,
                                      const void *v, uint32_t n_tokens, kvt_dtype src_dtype,
                                      uint64_t token_stride);
-/* The step workspace of a pool (lib/attn/step.c). */
+/* The step workspace of a pool (lib/step/step.c). */
 KVT__HIDDEN void kvt__step_free(struct kvt_step *st);
 KVT__HIDDEN bool kvt__step_is_open(const struct kvt_step *st);
 /* Makes sure a sequence can keep `cap` top-K pages per (layer, head)
- * (lib/attn/step.c). */
+ * (seq.c). */
 KVT__HIDDEN int kvt__seq_topk_reserve(const kvt_pool *p, kvt__seq *s, uint32_t cap);
 
 /* ---- selector (lib/select) ----------------------------------------------- */

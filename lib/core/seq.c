@@ -1,28 +1,21 @@
-/* Sequences: ids with generations, per-(layer, KV head) block tables, and
- * the read-side accessors. */
+/* Sequence storage (the page store's per-sequence half): ids with
+ * generations and a pool tag, the lookup, the per-(layer, KV head) block
+ * tables and their growth, the top-K memory, and freeing a slot's state.
+ * The public sequence calls are lib/api/seq.c. */
 #include <math.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "internal.h"
-#include "../tier/tier.h"
 
-/* Sizes of the first released layouts (0.1): pinned, never sizeof of the
- * current struct, so that appending a field keeps old callers working. */
-#define KVT__SEQ_OPTS_V1 16u
-#define KVT__SEQ_INFO_V1 56u
-_Static_assert(offsetof(kvt_seq_opts, user_data) + 8 == KVT__SEQ_OPTS_V1, "seq opts v1");
-_Static_assert(offsetof(kvt_seq_info, pages_in_tier) + 8 * KVT_NUM_TIERS == KVT__SEQ_INFO_V1,
-               "seq info v1");
-
-static kvt_seq_id kvt__make_id(const kvt_pool *p, uint32_t slot, uint32_t gen)
+kvt_seq_id kvt__seq_id_make(const kvt_pool *p, uint32_t slot, uint32_t gen)
 {
     return ((uint64_t)gen << 32) | ((uint64_t)p->tag << KVT__ID_SLOT_BITS) |
            (uint64_t)(slot + 1u);
 }
 
-static uint32_t kvt__id_slot(kvt_seq_id id)
+uint32_t kvt__seq_id_slot(kvt_seq_id id)
 {
     return (uint32_t)(id & ((1u << KVT__ID_SLOT_BITS) - 1u)) - 1u;
 }
@@ -68,331 +61,101 @@ void kvt__seq_fini(kvt__seq *s)
     s->gen = gen;
 }
 
-KVT_API int kvt_seq_opts_init(kvt_seq_opts *opts)
+/* Grows the sequence's tables so every (layer, head) holds `pages` entries.
+ * All-or-nothing: on failure the old tables are untouched. */
+int kvt__seq_reserve(kvt_pool *p, kvt__seq *s, uint32_t pages)
 {
-    KVT__CHECK_NULL(opts);
-    memset(opts, 0, sizeof *opts);
-    opts->struct_size = (uint32_t)sizeof *opts;
-    return 0;
-}
-
-KVT_API int kvt_seq_create(kvt_pool *pool, const kvt_seq_opts *opts, kvt_seq_id *out)
-{
-    kvt_seq_opts o;
-    KVT__CHECK_NULL(pool);
-    KVT__CHECK_NULL(out);
-    *out = KVT_SEQ_NONE;
-    if (opts) {
-        int rc = kvt__opts_copy(&o, sizeof o, opts, KVT__SEQ_OPTS_V1, "opts");
-        if (rc)
+    if (pages <= s->cap_pages)
+        return 0;
+    uint32_t limit = kvt__pages_for(p, s->max_tokens);
+    uint64_t cap = s->cap_pages ? (uint64_t)s->cap_pages * 2u : 16u;
+    if (cap < pages)
+        cap = pages;
+    if (cap > limit)
+        cap = limit;
+    size_t lh = (size_t)p->g.n_layers * p->g.n_kv_heads;
+    uint64_t n;
+    if (!kvt__mul_u64(lh, cap, &n) || n > SIZE_MAX / sizeof(uint32_t))
+        return kvt__err(KVT_EOVERFLOW, "block table: %zu heads x %llu pages overflow", lh,
+                        (unsigned long long)cap);
+    uint32_t *dev = calloc((size_t)n, sizeof *dev);
+    uint32_t *host = calloc((size_t)n, sizeof *host);
+    uint32_t *meta = calloc((size_t)n, sizeof *meta);
+    uint8_t *res = calloc((size_t)n, 1);
+    float *imp = calloc((size_t)n, sizeof *imp);
+    uint32_t *use = calloc((size_t)n, sizeof *use);
+    /* The tiers that keep per-page state of their own (the disk tier's
+     * extent table) grow with the tables, through the pool's hook. */
+    int rc = (dev && host && meta && res && imp && use)
+                 ? (p->on_table_grow ? p->on_table_grow(p, s, (uint32_t)cap) : 0)
+                 : KVT_ENOMEM;
+    if (rc) {
+        free(dev);
+        free(host);
+        free(meta);
+        free(res);
+        free(imp);
+        free(use);
+        if (rc != KVT_ENOMEM)
             return rc;
-    } else {
-        kvt_seq_opts_init(&o);
+        return kvt__err(KVT_ENOMEM, "block table: cannot grow to %llu pages per head",
+                        (unsigned long long)cap);
     }
-    uint32_t max_tokens = o.max_tokens ? o.max_tokens : pool->max_seq_tokens;
-    if (max_tokens > pool->max_seq_tokens)
-        return kvt__err(KVT_EINVAL, "opts->max_tokens: %u is above the pool's max_seq_tokens %u",
-                        o.max_tokens, pool->max_seq_tokens);
-    if (pool->n_free_seq == 0)
-        return kvt__err(KVT_ENOSPC, "kvt_seq_create: all %u sequence slots are live "
-                        "(pool max_seqs)", pool->max_seqs);
-
-    uint32_t slot = pool->free_seq[pool->n_free_seq - 1];
-    kvt__seq *s = &pool->seqs[slot];
-    size_t lh = (size_t)pool->g.n_layers * pool->g.n_kv_heads;
-    s->n_tokens = calloc(pool->g.n_layers, sizeof *s->n_tokens);
-    s->acc = malloc(lh * 3u * pool->g.head_dim * sizeof(float));
-    s->off_next = calloc(lh, sizeof *s->off_next);
-    s->dlo = calloc(lh, sizeof *s->dlo);
-    s->dhi = calloc(lh, sizeof *s->dhi);
-    s->dstamp = calloc(lh, sizeof *s->dstamp);
-    if (!s->n_tokens || !s->acc || !s->off_next || !s->dlo || !s->dhi || !s->dstamp) {
-        kvt__seq_fini(s);
-        return kvt__err(KVT_ENOMEM, "kvt_seq_create: cannot allocate the sequence state");
+    for (size_t i = 0; i < lh && s->cap_pages; i++) {
+        size_t from = i * s->cap_pages, to = i * (size_t)cap;
+        memcpy(dev + to, s->dev_block + from, s->cap_pages * sizeof *dev);
+        memcpy(host + to, s->host_block + from, s->cap_pages * sizeof *host);
+        memcpy(meta + to, s->meta_slot + from, s->cap_pages * sizeof *meta);
+        memcpy(res + to, s->res + from, s->cap_pages);
+        memcpy(imp + to, s->imp + from, s->cap_pages * sizeof *imp);
+        memcpy(use + to, s->use + from, s->cap_pages * sizeof *use);
     }
-    pool->n_free_seq--;
-    s->gen++;
-    if (s->gen == 0) /* id 0 stays KVT_SEQ_NONE even after 2^32 reuses */
-        s->gen = 1;
-    s->live = true;
-    /* Rerank phase: the one with the fewest live sequences, so that about
-     * 1/interval of the live sequences rerank a stable head at any step
-     * (exactly balanced for intervals dividing 16), whichever slots they
-     * occupy and in whatever order they came and went. */
-    uint32_t best = pool->phase_next % KVT__PHASES;
-    for (uint32_t j = 1; j < KVT__PHASES; j++) {
-        uint32_t c = (pool->phase_next + j) % KVT__PHASES;
-        if (pool->phase_live[c] < pool->phase_live[best])
-            best = c;
-    }
-    s->phase = best;
-    pool->phase_live[best]++;
-    pool->phase_next = best + 1u;
-    s->max_tokens = max_tokens;
-    s->user_data = o.user_data;
-    pool->n_live++;
-    *out = kvt__make_id(pool, slot, s->gen);
+    free(s->dev_block);
+    free(s->host_block);
+    free(s->meta_slot);
+    free(s->res);
+    free(s->imp);
+    free(s->use);
+    s->dev_block = dev;
+    s->host_block = host;
+    s->meta_slot = meta;
+    s->res = res;
+    s->imp = imp;
+    s->use = use;
+    s->cap_pages = (uint32_t)cap;
     return 0;
 }
 
-void kvt__seq_free_pages(kvt_pool *p, kvt__seq *s)
+/* Makes sure a sequence can keep its last top-K pages per (layer, head);
+ * growing keeps what was recorded, so the rerank schedule is unaffected. */
+int kvt__seq_topk_reserve(const kvt_pool *p, kvt__seq *s, uint32_t cap)
 {
-    for (uint32_t l = 0; l < p->g.n_layers; l++) {
-        uint32_t n_pages = kvt__pages_for(p, s->n_tokens[l]);
-        for (uint32_t h = 0; h < p->g.n_kv_heads; h++) {
-            size_t base = kvt__lh(p, l, h) * s->cap_pages;
-            for (uint32_t pg = 0; pg < n_pages; pg++) {
-                size_t e = base + pg;
-                if (s->res[e] & KVT_RES_DEVICE)
-                    kvt__arena_free(&p->tier[KVT_TIER_DEVICE], s->dev_block[e]);
-                if (s->res[e] & KVT_RES_HOST) {
-                    p->host_owner[s->host_block[e]].slot = UINT32_MAX;
-                    kvt__arena_free(&p->tier[KVT_TIER_HOST], s->host_block[e]);
-                }
-                kvt__arena_free(&p->meta, s->meta_slot[e]);
-                for (uint32_t t = 0; t < KVT_NUM_TIERS; t++)
-                    if (s->res[e] & (1u << t))
-                        p->pages_in_tier[t]--;
-            }
-        }
-        s->n_tokens[l] = 0;
+    if (s->topk && cap <= s->topk_cap)
+        return 0;
+    const size_t lh = (size_t)p->g.n_layers * p->g.n_kv_heads;
+    const size_t c = cap ? cap : 1u;
+    if (lh > SIZE_MAX / sizeof(uint32_t) / c)
+        return kvt__err(KVT_EOVERFLOW, "seq: top-K storage of %zu heads x %u pages overflows",
+                        lh, cap);
+    uint32_t *t = malloc(lh * c * sizeof *t);
+    uint32_t *n = s->topk_n ? s->topk_n : calloc(lh, sizeof *n);
+    uint32_t *k = s->topk_k ? s->topk_k : calloc(lh, sizeof *k);
+    if (!t || !n || !k) {
+        free(t);
+        if (n != s->topk_n)
+            free(n);
+        if (k != s->topk_k)
+            free(k);
+        return kvt__err(KVT_ENOMEM, "step: cannot allocate top-K storage (%u pages per head)",
+                        cap);
     }
-    kvt__disk_free_seq(p, s);
-    memset(s->pages_in_tier, 0, sizeof s->pages_in_tier);
-}
-
-/* A sequence of phase p leaves. If another phase now has two or more live
- * sequences more than p, one of them moves to p (its next stable rerank
- * comes earlier or later once), so departures do not leave the survivors
- * bunched on one phase. O(max_seqs), at release only. */
-static void kvt__phase_leave(kvt_pool *pool, uint32_t p)
-{
-    pool->phase_live[p]--;
-    uint32_t q = p;
-    for (uint32_t c = 0; c < KVT__PHASES; c++)
-        if (pool->phase_live[c] > pool->phase_live[q])
-            q = c;
-    if (pool->phase_live[q] < pool->phase_live[p] + 2u)
-        return;
-    for (uint32_t i = 0; i < pool->max_seqs; i++) {
-        kvt__seq *o = &pool->seqs[i];
-        if (o->live && o->phase == q) {
-            o->phase = p;
-            pool->phase_live[q]--;
-            pool->phase_live[p]++;
-            return;
-        }
-    }
-}
-
-KVT_API int kvt_seq_release(kvt_pool *pool, kvt_seq_id seq)
-{
-    kvt__seq *s;
-    KVT__CHECK_NULL(pool);
-    int rc = kvt__seq_lookup(pool, seq, &s);
-    if (rc)
-        return rc;
-    /* Moves of its pages may be in flight: let them finish first, so no
-     * thread writes into blocks that are about to be reused. */
-    kvt__mover_drain_seq(pool->mover, s);
-    if (s->wfence) { /* warm-up's batch, never consumed by a step: retire it */
-        int code = 0;
-        kvt__mover_fence_done(pool->mover, s->wfence, &code);
-        s->wfence = 0;
-    }
-    kvt__seq_free_pages(pool, s);
-    kvt__phase_leave(pool, s->phase);
-    kvt__seq_fini(s);
-    pool->free_seq[pool->n_free_seq++] = kvt__id_slot(seq);
-    pool->n_live--;
-    return 0;
-}
-
-/* Common argument checks of the read-side accessors. */
-static int kvt__seq_lh(const kvt_pool *pool, kvt_seq_id seq, uint32_t layer, uint32_t kv_head,
-                       kvt__seq **s)
-{
-    int rc = kvt__seq_lookup(pool, seq, s);
-    if (rc)
-        return rc;
-    if (layer >= pool->g.n_layers)
-        return kvt__err(KVT_EINVAL, "layer: %u >= n_layers %u", layer, pool->g.n_layers);
-    if (kv_head >= pool->g.n_kv_heads)
-        return kvt__err(KVT_EINVAL, "kv_head: %u >= n_kv_heads %u", kv_head,
-                        pool->g.n_kv_heads);
-    return 0;
-}
-
-KVT_API int kvt_seq_info_get(const kvt_pool *pool, kvt_seq_id seq, kvt_seq_info *info)
-{
-    kvt__seq *s;
-    kvt_seq_info r;
-    size_t fill;
-    KVT__CHECK_NULL(pool);
-    KVT__CHECK_NULL(info);
-    int rc = kvt__out_struct(info, sizeof r, KVT__SEQ_INFO_V1, "info", &fill);
-    if (rc)
-        return rc;
-    rc = kvt__seq_lookup(pool, seq, &s);
-    if (rc)
-        return rc;
-    memset(&r, 0, sizeof r);
-    r.struct_size = info->struct_size;
-    r.max_tokens = s->max_tokens;
-    r.user_data = s->user_data;
-    r.n_tokens = UINT32_MAX;
-    for (uint32_t l = 0; l < pool->g.n_layers; l++) {
-        uint32_t n = s->n_tokens[l];
-        r.n_tokens = n < r.n_tokens ? n : r.n_tokens;
-        r.n_tokens_max = n > r.n_tokens_max ? n : r.n_tokens_max;
-        r.pages += (uint64_t)kvt__pages_for(pool, n) * pool->g.n_kv_heads;
-    }
-    memcpy(r.pages_in_tier, s->pages_in_tier, sizeof r.pages_in_tier);
-    memcpy(info, &r, fill);
-    return 0;
-}
-
-KVT_API int kvt_seq_length(const kvt_pool *pool, kvt_seq_id seq, uint32_t layer,
-                           uint32_t *n_tokens)
-{
-    kvt__seq *s;
-    KVT__CHECK_NULL(pool);
-    KVT__CHECK_NULL(n_tokens);
-    int rc = kvt__seq_lh(pool, seq, layer, 0, &s);
-    if (rc)
-        return rc;
-    *n_tokens = s->n_tokens[layer];
-    return 0;
-}
-
-KVT_API int kvt_seq_block_table(const kvt_pool *pool, kvt_seq_id seq, uint32_t layer,
-                                uint32_t kv_head, uint32_t first_page, uint32_t n_pages,
-                                uint32_t *device_blocks, uint32_t *host_blocks,
-                                uint8_t *residency)
-{
-    kvt__seq *s;
-    KVT__CHECK_NULL(pool);
-    int rc = kvt__seq_lh(pool, seq, layer, kv_head, &s);
-    if (rc)
-        return rc;
-    uint32_t have = kvt__pages_for(pool, s->n_tokens[layer]);
-    if (first_page > have || n_pages > have - first_page)
-        return kvt__err(KVT_ERANGE, "first_page, n_pages: pages %u..%llu asked, layer %u "
-                        "has %u", first_page, (unsigned long long)first_page + n_pages,
-                        layer, have);
-    size_t base = kvt__lh(pool, layer, kv_head) * s->cap_pages + first_page;
-    if (device_blocks && n_pages)
-        memcpy(device_blocks, s->dev_block + base, n_pages * sizeof *device_blocks);
-    if (host_blocks && n_pages)
-        memcpy(host_blocks, s->host_block + base, n_pages * sizeof *host_blocks);
-    for (uint32_t i = 0; residency && i < n_pages; i++)
-        residency[i] = s->res[base + i] & KVT__RES_TIERS; /* never the internal busy bit */
-    return 0;
-}
-
-/* The bytes of a page from the fastest tier that holds it. */
-static const uint8_t *kvt__page_bytes(const kvt_pool *p, const kvt__seq *s, size_t e)
-{
-    if (s->res[e] & KVT_RES_DEVICE)
-        return kvt__arena_block(&p->tier[KVT_TIER_DEVICE], s->dev_block[e]);
-    if (s->res[e] & KVT_RES_HOST)
-        return kvt__arena_block(&p->tier[KVT_TIER_HOST], s->host_block[e]);
-    return NULL;
-}
-
-KVT_API int kvt_seq_read_kv(const kvt_pool *pool, kvt_seq_id seq, uint32_t layer,
-                            uint32_t kv_head, uint32_t first_token, uint32_t n_tokens,
-                            void *k_out, void *v_out)
-{
-    kvt__seq *s;
-    KVT__CHECK_NULL(pool);
-    int rc = kvt__seq_lh(pool, seq, layer, kv_head, &s);
-    if (rc)
-        return rc;
-    uint32_t have = s->n_tokens[layer];
-    if (first_token > have || n_tokens > have - first_token)
-        return kvt__err(KVT_ERANGE, "first_token, n_tokens: tokens %u..%llu asked, layer %u "
-                        "has %u", first_token, (unsigned long long)first_token + n_tokens,
-                        layer, have);
-    const uint32_t P = pool->g.page_tokens;
-    const size_t row = (size_t)pool->g.head_dim * pool->elem;
-    const size_t lh = kvt__lh(pool, layer, kv_head);
-    const size_t base = lh * s->cap_pages;
-    uint8_t *bounce = NULL;
-    uint32_t bounce_page = UINT32_MAX;
-    for (uint32_t t = 0; t < n_tokens; t++) {
-        uint32_t pos = first_token + t;
-        const uint8_t *blk = kvt__page_bytes(pool, s, base + pos / P);
-        if (blk && pool->cu && (s->res[base + pos / P] & KVT_RES_DEVICE)) {
-            /* CUDA: the device tier is GPU memory; bring the page over. */
-            if (!bounce && !(bounce = malloc(pool->block_bytes)))
-                return kvt__err(KVT_ENOMEM, "kvt_seq_read_kv: cannot allocate a page buffer");
-            if (bounce_page != pos / P) {
-                rc = kvt__cuda_read(pool, bounce, blk, pool->block_bytes);
-                if (rc) {
-                    free(bounce);
-                    return rc;
-                }
-                bounce_page = pos / P;
-            }
-            blk = bounce;
-        }
-        if (!blk) {
-            /* Only on disk: read it synchronously, checked against its CRC. */
-            if (!bounce && !(bounce = malloc(pool->block_bytes)))
-                return kvt__err(KVT_ENOMEM, "kvt_seq_read_kv: cannot allocate a page buffer");
-            if (bounce_page != pos / P) {
-                rc = kvt__disk_read_page(pool, kvt__disk_slot(pool, s, lh, pos / P), bounce);
-                if (rc) {
-                    free(bounce);
-                    return rc;
-                }
-                bounce_page = pos / P;
-            }
-            blk = bounce;
-        }
-        if (k_out)
-            memcpy((uint8_t *)k_out + (size_t)t * row, blk + (size_t)(pos % P) * row, row);
-        if (v_out)
-            memcpy((uint8_t *)v_out + (size_t)t * row, blk + (size_t)(P + pos % P) * row, row);
-    }
-    free(bounce);
-    return 0;
-}
-
-KVT_API int kvt_seq_page_meta(const kvt_pool *pool, kvt_seq_id seq, uint32_t layer,
-                              uint32_t kv_head, uint32_t page, float *kmin, float *kmax,
-                              float *kmean)
-{
-    kvt__seq *s;
-    KVT__CHECK_NULL(pool);
-    int rc = kvt__seq_lh(pool, seq, layer, kv_head, &s);
-    if (rc)
-        return rc;
-    uint32_t have = kvt__pages_for(pool, s->n_tokens[layer]);
-    if (page >= have)
-        return kvt__err(KVT_ERANGE, "page: %u >= the %u pages of layer %u", page, have, layer);
-    const uint32_t D = pool->g.head_dim;
-    const uint8_t *m =
-        kvt__arena_block(&pool->meta, s->meta_slot[kvt__lh(pool, layer, kv_head) * s->cap_pages +
-                                                   page]);
-    const size_t row = (size_t)D * pool->elem;
-    uint8_t *copy = NULL;
-    if (pool->cu) { /* CUDA: the metadata store is GPU memory */
-        if (!(copy = malloc(pool->meta_bytes)))
-            return kvt__err(KVT_ENOMEM, "kvt_seq_page_meta: cannot allocate a buffer");
-        if ((rc = kvt__cuda_read(pool, copy, m, pool->meta_bytes))) {
-            free(copy);
-            return rc;
-        }
-        m = copy;
-    }
-    if (kmin)
-        kvt__load_f32(kmin, m, pool->g.dtype, D);
-    if (kmax)
-        kvt__load_f32(kmax, m + row, pool->g.dtype, D);
-    if (kmean)
-        kvt__load_f32(kmean, m + 2 * row, pool->g.dtype, D);
-    free(copy);
+    if (s->topk)
+        for (size_t b = 0; b < lh; b++)
+            memcpy(t + b * c, s->topk + b * s->topk_cap, n[b] * sizeof *t);
+    free(s->topk);
+    s->topk = t;
+    s->topk_n = n;
+    s->topk_k = k;
+    s->topk_cap = (uint32_t)c;
     return 0;
 }

@@ -1,4 +1,4 @@
-/* Version of the loaded library and the features it was built with. */
+/* Version of the loaded library (its features: lib/api/features.c). */
 #include "internal.h"
 
 #define KVT__STR2(x) #x
@@ -13,13 +13,4 @@ KVT_API const char *kvt_version_string(void)
 {
     return KVT__STR(KVT_VERSION_MAJOR) "." KVT__STR(KVT_VERSION_MINOR) "." KVT__STR(
         KVT_VERSION_PATCH);
-}
-
-KVT_API uint32_t kvt_build_features(void)
-{
-    uint32_t f = KVT_FEATURE_NUMA;
-    if (kvt__cuda_built())
-        f |= KVT_FEATURE_CUDA;
-    f |= KVT_FEATURE_URING; /* the disk tier's I/O (lib/tier/uring.c) */
-    return f;
 }

@@ -408,3 +408,9 @@ KVT_API int kvt_policy_describe(const kvt_policy *pol, uint64_t ctx_tokens, char
         *needed = t.len;
     return 0;
 }
+
+/* A tiered pool's stable head: the policy's class of (layer, head) lh. */
+bool kvt__stable(const kvt_pool *p, size_t lh)
+{
+    return p->pol && p->pol->cls[lh] == KVT_HEAD_STABLE;
+}

@@ -13,11 +13,6 @@
 #include "tier.h"
 #include "../policy/policy_int.h"
 
-bool kvt__stable(const kvt_pool *p, size_t lh)
-{
-    return p->pol && p->pol->cls[lh] == KVT_HEAD_STABLE;
-}
-
 /* ---- sizing -------------------------------------------------------------- */
 KVT_API int kvt_pool_sizing_get(const kvt_pool_opts *opts, kvt_pool_sizing *out)
 {
@@ -351,27 +346,10 @@ static int kvt__warm_host(kvt_pool *p, kvt__seq *s, kvt_seq_id id)
     return rc;
 }
 
-KVT_API int kvt_seq_warmup(kvt_pool *pool, kvt_seq_id seq, const float *obs_queries,
-                           uint32_t n_obs)
+int kvt__place_warmup(kvt_pool *pool, kvt__seq *s, kvt_seq_id seq, const float *obs_queries,
+                      uint32_t n_obs)
 {
-    KVT__CHECK_NULL(pool);
-    kvt__seq *s;
-    int rc = kvt__seq_lookup(pool, seq, &s);
-    if (rc)
-        return rc;
-    KVT__CHECK_NULL(obs_queries);
-    if (n_obs == 0)
-        return kvt__err(KVT_EINVAL, "n_obs: must be at least 1");
-    if (n_obs > 65536)
-        return kvt__err(KVT_EINVAL, "n_obs: %u queries; at most 65536", n_obs);
-    if (!pool->pol)
-        return kvt__err(KVT_EINVAL, "pool: has no placement policy (kvt_pool_opts.policy)");
-    if (!pool->sel)
-        return kvt__err(KVT_EINVAL, "pool: has no selector (kvt_pool_opts.selector) to score "
-                        "pages with");
-    if (pool->step && kvt__step_is_open(pool->step))
-        return kvt__err(KVT_ESTATE, "pool: a step is open; warm up before kvt_step_plan or "
-                        "after kvt_step_finish");
+    int rc;
     const kvt_policy *pol = pool->pol;
     const uint32_t L = pool->g.n_layers, H = pool->g.n_kv_heads, P = pool->g.page_tokens;
     const uint32_t Hq = pool->g.n_q_heads, G = Hq / H, D = pool->g.head_dim;

@@ -201,6 +201,11 @@ KVT__HIDDEN int kvt__place_offload(kvt_pool *p, kvt__seq *const *seqs, const kvt
  * offload and wait, then drop device copies stable heads do not keep. */
 KVT__HIDDEN int kvt__place_after_append(kvt_pool *p, kvt__seq *s, kvt_seq_id id,
                                         uint32_t layer, uint32_t tokens_before);
+/* kvt_seq_warmup's work once its arguments and the pool's state are
+ * checked (lib/api/warmup.c): settle the sequence, score every stable
+ * head's pages over the observation queries, and place them. */
+KVT__HIDDEN int kvt__place_warmup(kvt_pool *pool, kvt__seq *s, kvt_seq_id seq,
+                                  const float *obs_queries, uint32_t n_obs);
 
 /* Drops the copy of page e of s in `tier` (another copy exists). */
 KVT__HIDDEN void kvt__page_drop(kvt_pool *p, kvt__seq *s, size_t e, uint32_t tier);

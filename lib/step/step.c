@@ -113,39 +113,6 @@ static int cmp_u64(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/* Makes sure a sequence can keep its last top-K pages per (layer, head);
- * growing keeps what was recorded, so the rerank schedule is unaffected. */
-int kvt__seq_topk_reserve(const kvt_pool *p, kvt__seq *s, uint32_t cap)
-{
-    if (s->topk && cap <= s->topk_cap)
-        return 0;
-    const size_t lh = (size_t)p->g.n_layers * p->g.n_kv_heads;
-    const size_t c = cap ? cap : 1u;
-    if (lh > SIZE_MAX / sizeof(uint32_t) / c)
-        return kvt__err(KVT_EOVERFLOW, "step: top-K storage of %zu heads x %u pages overflows",
-                        lh, cap);
-    uint32_t *t = malloc(lh * c * sizeof *t);
-    uint32_t *n = s->topk_n ? s->topk_n : calloc(lh, sizeof *n);
-    uint32_t *k = s->topk_k ? s->topk_k : calloc(lh, sizeof *k);
-    if (!t || !n || !k) {
-        free(t);
-        if (n != s->topk_n)
-            free(n);
-        if (k != s->topk_k)
-            free(k);
-        return kvt__err(KVT_ENOMEM, "step: cannot allocate top-K storage (%u pages per head)",
-                        cap);
-    }
-    if (s->topk)
-        for (size_t b = 0; b < lh; b++)
-            memcpy(t + b * c, s->topk + b * s->topk_cap, n[b] * sizeof *t);
-    free(s->topk);
-    s->topk = t;
-    s->topk_n = n;
-    s->topk_k = k;
-    s->topk_cap = (uint32_t)c;
-    return 0;
-}
 
 /* An eviction candidate of one head: its score and page. */
 typedef struct {

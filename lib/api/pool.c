@@ -5,7 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "internal.h"
+#include "../core/internal.h"
 #include "../policy/policy_int.h"
 #include "../tier/tier.h"
 
@@ -188,6 +188,7 @@ KVT_API int kvt_pool_create(kvt_pool **out, const kvt_pool_opts *opts)
         rc = kvt__disk_open(p, o.disk_dir, o.disk_bytes, &mo, &p->disk);
         if (rc)
             goto fail;
+        p->on_table_grow = kvt__disk_seq_reserve; /* its extent table follows */
     }
     /* Every page has a copy in some tier, so the usable blocks of all tiers
      * bound the number of pages the metadata store must describe. */

@@ -3,7 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "../core/internal.h"
 #include "../policy/policy_int.h"
 #include "../tier/tier.h"
 
