@@ -1,5 +1,5 @@
-/* The step workspace (lib/attn/step.c), shared with the CUDA backend's
- * per-layer calls (lib/backend/cuda_pool.c). Internal. */
+/* The step workspace (plan.c, layer.c, decode.c), shared with the CUDA
+ * backend's per-layer calls (lib/backend/cuda_pool.c). Internal. */
 #ifndef KVTIER_STEP_INT_H
 #define KVTIER_STEP_INT_H
 
@@ -70,5 +70,23 @@ struct kvt_step {
     float *out, *lse;
     _Atomic int err;
 };
+
+/* Pages per decode task. Fixed, so that the split (and the floating-point
+ * merge order) depends on the selection only, never on the thread count. */
+#define KVT__CHUNK_PAGES 32u
+#define KVT__NO_LAYER 0xffffffffu
+
+/* Checks a step and its sequences before a per-layer call (plan.c). */
+KVT__HIDDEN int kvt__step_enter(const kvt_step *st, uint32_t layer);
+/* Tiered steps (layer.c): whether sequence i still has promotions (its
+ * warm-up's or this layer's) in flight, recording outcomes that arrived; */
+KVT__HIDDEN bool kvt__pending(kvt_step *st, uint32_t i);
+/* waits until none is (count: a decode that waited, kvt_stats.paused_seqs); */
+KVT__HIDDEN void kvt__settle(kvt_step *st, uint32_t i, bool count);
+/* after failed promotions, makes the heads whose pages did not arrive
+ * rescore, and clears the recorded outcomes. */
+KVT__HIDDEN void kvt__fail_reset(kvt_step *st, uint32_t i);
+/* The selection of a layer (kvt_step_select's work). */
+KVT__HIDDEN int kvt__select(kvt_step *st, uint32_t layer, const float *q);
 
 #endif /* KVTIER_STEP_INT_H */

@@ -207,6 +207,41 @@ KVT__HIDDEN int kvt__place_after_append(kvt_pool *p, kvt__seq *s, kvt_seq_id id,
 KVT__HIDDEN int kvt__place_warmup(kvt_pool *pool, kvt__seq *s, kvt_seq_id seq,
                                   const float *obs_queries, uint32_t n_obs);
 
+/* ---- the per-step placement (recycle.c) ------------------------------------
+ * An eviction candidate of one head: its score and page. */
+typedef struct kvt__evc {
+    float imp;
+    uint32_t page;
+} kvt__evc;
+/* Whether head lh of `layer` of s reranks in this step (not dense), under
+ * budget k and rerank interval iv: with no kept top-K set, at interval 1,
+ * at the steps its interval and the sequence's phase pick, and in a tiered
+ * pool (tiered) a stable head also when its reused selection names a page
+ * off device. */
+KVT__HIDDEN bool kvt__head_due(const kvt_pool *p, const kvt__seq *s, uint32_t layer, size_t lh,
+                               uint32_t k, uint32_t iv, bool tiered);
+/* Adds to *need the device blocks the reranks of s's due stable heads (at
+ * budgets ak[L * H], intervals aiv[L * H]) may take beyond what they give
+ * back, and to *pm the promotions they may issue. */
+KVT__HIDDEN void kvt__place_promote_bound(const kvt_pool *p, const kvt__seq *s,
+                                          const uint32_t *ak, const uint32_t *aiv,
+                                          uint64_t *need, uint64_t *pm);
+/* The fused recycle of stable head h of `layer` of s (sequence seq_index of
+ * the step, id `id`) after a rerank selected the sorted pages sel[cnt] at
+ * budget k: lookahead eviction keeps up to k x window non-forced pages, the
+ * evictable ones with the highest scores; evicted pages' device blocks go
+ * straight to the promoted pages, written as moves to pm[], their blocks to
+ * pmdst[] and 0 to pmres[] (at most cap; the count in *n_pm), the other
+ * evictions drop their device copies. ev and pml: scratch of the head's
+ * page count. KVT_ENOSPC (the device tier cannot take the promotions) or
+ * KVT_EINTERNAL (more than cap) change nothing. */
+KVT__HIDDEN int kvt__place_recycle_head(kvt_pool *p, kvt__seq *s, kvt_seq_id id,
+                                        uint32_t seq_index, uint32_t layer, uint32_t h,
+                                        const uint32_t *sel, uint32_t cnt, uint32_t k,
+                                        kvt__evc *ev, uint32_t *pml, kvt_move *pm,
+                                        uint32_t *pmdst, int32_t *pmres, size_t cap,
+                                        uint32_t *n_pm);
+
 /* Drops the copy of page e of s in `tier` (another copy exists). */
 KVT__HIDDEN void kvt__page_drop(kvt_pool *p, kvt__seq *s, size_t e, uint32_t tier);
 /* Applies finished moves without waiting. */

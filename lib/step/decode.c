@@ -1,0 +1,296 @@
+/* The attention of a step's layer: kvt_sparse_decode (split into
+ * fixed-size page chunks over the worker threads, then a log-sum-exp merge;
+ * a tiered pool decodes the sequences whose promotions landed first) and
+ * kvt_attend (select, then decode). */
+#include <math.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../core/internal.h"
+#include "../policy/policy_int.h"
+#include "../tier/tier.h"
+#include "step_int.h"
+
+/* ---- sparse decode ------------------------------------------------------ */
+static void kvt__merge(kvt_step *st, uint32_t ih)
+{
+    const uint32_t G = st->G, D = st->D, i = ih / st->H, h = ih % st->H;
+    const size_t pf = 2u * (size_t)G + (size_t)G * D;
+    const uint32_t t0 = st->task0[ih], nt = st->ntask[ih];
+    float *out = st->out + ((size_t)i * st->Hq + (size_t)h * G) * D;
+    float *lse = st->lse ? st->lse + (size_t)i * st->Hq + (size_t)h * G : NULL;
+    for (uint32_t g = 0; g < G; g++) {
+        float M = -INFINITY;
+        for (uint32_t t = 0; t < nt; t++) {
+            const float m = st->part[(t0 + t) * pf + g];
+            M = m > M ? m : M;
+        }
+        float *o = out + (size_t)g * D;
+        memset(o, 0, D * sizeof *o);
+        float Lsum = 0.0f;
+        if (M != -INFINITY) {
+            for (uint32_t t = 0; t < nt; t++) {
+                const float *pt = st->part + (t0 + t) * pf;
+                if (pt[g] == -INFINITY)
+                    continue;
+                const float w = expf(pt[g] - M);
+                Lsum += pt[G + g] * w;
+                const float *acc = pt + 2u * G + (size_t)g * D;
+                for (uint32_t d = 0; d < D; d++)
+                    o[d] += acc[d] * w;
+            }
+        }
+        if (Lsum > 0.0f) {
+            const float inv = 1.0f / Lsum;
+            for (uint32_t d = 0; d < D; d++)
+                o[d] *= inv;
+        }
+        if (lse)
+            lse[g] = Lsum > 0.0f ? M + logf(Lsum) : -INFINITY;
+    }
+}
+
+static void kvt__dec_task(void *ctx, uint32_t t, uint32_t thread)
+{
+    kvt_step *st = ctx;
+    const kvt_pool *p = st->pool;
+    const uint32_t G = st->G, D = st->D, P = st->P;
+    const uint32_t ih = st->task_ih[t], i = ih / st->H, h = ih % st->H;
+    const kvt__seq *s = st->seqs[i];
+    const uint32_t tokens = s->n_tokens[st->layer];
+    uint8_t *mem = st->tmem + (size_t)thread * st->tstride;
+    float *qs = (float *)mem;
+    float *sbuf = qs + (size_t)G * D;
+    const uint8_t **blocks = (const uint8_t **)(void *)(sbuf + (size_t)G * P);
+    uint32_t *ntok = (uint32_t *)(void *)(blocks + KVT__CHUNK_PAGES);
+    const float *q = st->q + ((size_t)i * st->Hq + (size_t)h * G) * D;
+    for (size_t j = 0; j < (size_t)G * D; j++)
+        qs[j] = q[j] * st->scale;
+
+    const size_t pf = 2u * (size_t)G + (size_t)G * D;
+    float *m = st->part + (size_t)t * pf, *l = m + G, *acc = l + G;
+    for (uint32_t g = 0; g < G; g++) {
+        m[g] = -INFINITY;
+        l[g] = 0.0f;
+    }
+    memset(acc, 0, (size_t)G * D * sizeof *acc);
+
+    const uint32_t *sel = st->sel_pages + st->sel_off[ih] + st->task_first[t];
+    const uint32_t n = st->task_count[t];
+    const size_t base = kvt__lh(p, st->layer, h) * s->cap_pages;
+    for (uint32_t j = 0; j < n; j++) {
+        const uint32_t pg = sel[j];
+        const uint32_t db = s->dev_block[base + pg], hb = s->host_block[base + pg];
+        if (db)
+            blocks[j] = kvt__arena_block(&p->tier[KVT_TIER_DEVICE], db);
+        else if (hb) /* CPU backend: the host tier is readable in place */
+            blocks[j] = kvt__arena_block(&p->tier[KVT_TIER_HOST], hb);
+        else {
+            atomic_store(&st->err, 1);
+            blocks[j] = kvt__arena_block(&p->tier[KVT_TIER_DEVICE], 0); /* zeros */
+        }
+        const uint32_t left = tokens - pg * P;
+        ntok[j] = left < P ? left : P;
+    }
+    const kvt__attn_shape sh = {G, D, P, p->g.dtype};
+    p->kern->attn(&sh, qs, blocks, ntok, n, m, l, acc, sbuf);
+    if (atomic_fetch_sub_explicit(&st->pending[ih], 1, memory_order_acq_rel) == 1)
+        kvt__merge(st, ih);
+}
+
+/* Builds and runs the decode tasks of the sequences whose round[i] equals
+ * `round` (every sequence when round is NULL). */
+static int kvt__dec_round(kvt_step *st, const uint8_t *rnd, uint8_t round)
+{
+    const uint32_t G = st->G, D = st->D;
+    size_t nt = 0;
+    for (uint32_t ih = 0; ih < st->n * st->H; ih++) {
+        const uint32_t i = ih / st->H, h = ih % st->H;
+        if (rnd && rnd[i] != round)
+            continue;
+        const uint32_t cnt = st->sel_cnt[ih];
+        const uint32_t k = (cnt + KVT__CHUNK_PAGES - 1) / KVT__CHUNK_PAGES;
+        if (nt + k > st->cap_tasks)
+            return kvt__err(KVT_EINTERNAL, "step: decode needs more than the %zu tasks the "
+                            "plan sized", st->cap_tasks);
+        st->task0[ih] = (uint32_t)nt;
+        st->ntask[ih] = k;
+        atomic_store_explicit(&st->pending[ih], k, memory_order_relaxed);
+        for (uint32_t c = 0; c < k; c++, nt++) {
+            st->task_ih[nt] = ih;
+            st->task_first[nt] = c * KVT__CHUNK_PAGES;
+            st->task_count[nt] = cnt - c * KVT__CHUNK_PAGES < KVT__CHUNK_PAGES
+                                     ? cnt - c * KVT__CHUNK_PAGES
+                                     : KVT__CHUNK_PAGES;
+        }
+        if (k == 0) { /* no tokens in this layer */
+            memset(st->out + ((size_t)i * st->Hq + (size_t)h * G) * D, 0,
+                   (size_t)G * D * sizeof *st->out);
+            if (st->lse)
+                for (uint32_t g = 0; g < G; g++)
+                    st->lse[(size_t)i * st->Hq + (size_t)h * G + g] = -INFINITY;
+        }
+    }
+    if (nt)
+        kvt__tp_run(&st->pool->tp, kvt__dec_task, st, (uint32_t)nt);
+    return 0;
+}
+
+/* The sequences of a failed promotion (round[i] == 2): their heads rescore
+ * at the next step; returns the error that names the first. */
+static int kvt__dec_failed(kvt_step *st, uint32_t layer, uint8_t *rnd)
+{
+    int first = 0;
+    uint32_t bad = 0;
+    for (uint32_t i = 0; i < st->n; i++) {
+        if (rnd[i] != 2)
+            continue;
+        if (!first) {
+            first = st->fcode[i] ? st->fcode[i] : st->wcode[i];
+            bad = i;
+        }
+        kvt__fail_reset(st, i);
+    }
+    for (uint32_t i = 0; i < st->n; i++)
+        rnd[i] = 0;
+    if (!first)
+        return 0;
+    char why[256];
+    snprintf(why, sizeof why, "%s", kvt_last_error());
+    return kvt__err(first, "sparse decode: promoted pages of sequence %u, layer %u did not "
+                    "load (%s); its output is zeros, its heads rescore at the next step", bad,
+                    layer, why);
+}
+
+/* Decodes on CUDA that launched ready sequences before waiting for the
+ * others' promotions (a test hook: the ready-first split ran). */
+uint64_t kvt__cuda_ready_first;
+
+/* The CUDA backend's decode. With lower tiers, ready first, as on the CPU:
+ * round 0 places and launches the sequences whose promotions have landed
+ * (and empties those whose promotions failed: zeros, -infinity); then
+ * round 1 waits on the host for each other sequence's fence and places and
+ * launches those, so their copies overlap round 0's kernels. Block lists
+ * come from the host tables. */
+static int kvt__cuda_decode(kvt_step *st, uint32_t layer, const float *q, float *out, float *lse)
+{
+    if (!kvt__cuda_lower(st->pool))
+        return kvt__cuda_step_decode(st, layer, q, out, lse, NULL);
+    uint8_t *rnd = st->failed, *run = st->run;
+    bool late = false, ready = false, skipped = false;
+    for (uint32_t i = 0; i < st->n; i++) {
+        rnd[i] = !st->tiered ? 0 : kvt__pending(st, i) ? 1 : (st->fcode[i] || st->wcode[i]) ? 2 : 0;
+        run[i] = rnd[i] == 1 ? 0 : rnd[i] == 0 ? 1 : 2;
+        late = late || rnd[i] == 1;
+        ready = ready || rnd[i] == 0;
+    }
+    uint32_t missing = 0, miss1 = 0;
+    int rc = kvt__cuda_step_place(st, layer, run, &missing);
+    if (!rc)
+        rc = kvt__cuda_step_decode(st, layer, q, out, lse, run);
+    if (!rc && late) {
+        kvt__cuda_ready_first += ready; /* round 0 decoded some before the wait */
+        for (uint32_t i = 0; i < st->n; i++) {
+            run[i] = 0;
+            if (rnd[i] != 1)
+                continue;
+            kvt__settle(st, i, true);
+            rnd[i] = (st->fcode[i] || st->wcode[i]) ? 2 : 1;
+            run[i] = rnd[i];
+        }
+        rc = kvt__cuda_step_place(st, layer, run, &miss1);
+        if (!rc)
+            rc = kvt__cuda_step_decode(st, layer, q, out, lse, run);
+        missing += miss1;
+    }
+    for (uint32_t i = 0; i < st->n; i++)
+        skipped = skipped || rnd[i] == 2;
+    if (skipped) /* the emptied items stay empty: a new decode needs a new selection */
+        st->emptied_layer = layer;
+    /* Sequences still pending (an error stopped round 1) settle as orphans
+     * before the next selection. */
+    const int rf = kvt__dec_failed(st, layer, rnd);
+    rc = rc ? rc : rf;
+    if (!rc && missing)
+        rc = kvt__err(KVT_ESTATE, "sparse decode: %u selected page%s of layer %u %s no copy "
+                      "in the device tier (the CUDA backend decodes device pages only; fetch "
+                      "them with kvt_mover_submit first); they read as zeros", missing,
+                      missing == 1 ? "" : "s", layer, missing == 1 ? "has" : "have");
+    return rc;
+}
+
+KVT_API int kvt_sparse_decode(kvt_step *st, uint32_t layer, const float *q, float *out,
+                              float *lse)
+{
+    int rc = kvt__step_enter(st, layer);
+    if (rc)
+        return rc;
+    KVT__CHECK_NULL(q);
+    KVT__CHECK_NULL(out);
+    if (st->sel_layer != layer)
+        return kvt__err(KVT_ESTATE, "layer: %u has no selection in this step (call "
+                        "kvt_step_select or kvt_attend for it first)", layer);
+    if (st->pool->cu && st->emptied_layer == layer)
+        return kvt__err(KVT_ESTATE, "layer: %u's decode emptied the sequences whose promotions "
+                        "failed; select the layer again before decoding it again", layer);
+    if (st->pool->cu)
+        return kvt__cuda_decode(st, layer, q, out, lse);
+    st->layer = layer;
+    st->q = q;
+    st->out = out;
+    st->lse = lse;
+    atomic_store(&st->err, 0);
+    if (!st->tiered) {
+        if ((rc = kvt__dec_round(st, NULL, 0)))
+            return rc;
+    } else {
+        /* Round 0: sequences whose promotions have landed; round 1: the
+         * others, each once its copies are in; round 2: failed copies. */
+        uint8_t *rnd = st->failed;
+        for (uint32_t i = 0; i < st->n; i++)
+            rnd[i] = kvt__pending(st, i) ? 1 : (st->fcode[i] || st->wcode[i]) ? 2 : 0;
+        if ((rc = kvt__dec_round(st, rnd, 0)))
+            return rc;
+        bool waited = false;
+        for (uint32_t i = 0; i < st->n; i++)
+            if (rnd[i] == 1) {
+                kvt__settle(st, i, true);
+                rnd[i] = (st->fcode[i] || st->wcode[i]) ? 2 : 1;
+                waited = true;
+            }
+        if (waited && (rc = kvt__dec_round(st, rnd, 1)))
+            return rc;
+        /* The heads whose pages did not arrive rescore at the next step;
+         * this layer's output of the sequence is not computed. */
+        for (uint32_t i = 0; i < st->n; i++) {
+            if (rnd[i] != 2)
+                continue;
+            memset(out + (size_t)i * st->Hq * st->D, 0,
+                   (size_t)st->Hq * st->D * sizeof *out);
+            if (lse)
+                for (uint32_t g = 0; g < st->Hq; g++)
+                    lse[(size_t)i * st->Hq + g] = -INFINITY;
+        }
+        if ((rc = kvt__dec_failed(st, layer, rnd)))
+            return rc;
+    }
+    if (atomic_load(&st->err))
+        return kvt__err(KVT_ESTATE, "sparse decode: a selected page of layer %u lives only on "
+                        "disk; fetch it to the device or host tier (kvt_mover_submit) first",
+                        layer);
+    return 0;
+}
+
+KVT_API int kvt_attend(kvt_step *st, uint32_t layer, const float *q, float *out, float *lse)
+{
+    if (!st)
+        return kvt__err(KVT_EINVAL, "step: must not be NULL");
+    KVT__CHECK_NULL(q);
+    KVT__CHECK_NULL(out);
+    int rc = kvt_step_select(st, layer, q);
+    if (rc)
+        return rc;
+    return kvt_sparse_decode(st, layer, q, out, lse);
+}
