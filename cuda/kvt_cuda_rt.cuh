@@ -27,6 +27,7 @@
 #include <string.h>
 
 #include "kvt_cuda.h"
+#include "../lib/core/forced.h" // the forced-page rule, shared with the library
 
 #ifdef KVT_CUDA_EMU
 #include "emu/kvt_emu.h"

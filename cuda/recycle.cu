@@ -64,13 +64,6 @@ KVT_DEV uint32_t kvt__pow2ceil(uint32_t n)
     return p;
 }
 
-KVT_DEV bool kvt__forced(uint32_t pg, uint32_t np, uint32_t tokens, uint32_t P, uint32_t sink,
-                         uint32_t local)
-{
-    return pg < sink || static_cast<uint64_t>(pg) + local >= np ||
-           (pg + 1 == np && tokens % P != 0);
-}
-
 KVT_DEV void kvt__rc_result(const kvt__cu_recycle_args &a, uint32_t item, uint32_t status,
                             uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3)
 {

@@ -337,12 +337,11 @@ KVT_KERNEL __launch_bounds__(KVT_TK_THREADS) kvt_topk_kernel(const kvt__cu_topk_
     const kvt__cu_topk_item it = a.d_items[blockIdx.x];
     const uint32_t tid = threadIdx.x, nt = blockDim.x;
     const uint32_t np = it.n_pages;
-    const uint32_t ns = kvt_umin(it.sink, np), nl = kvt_umin(it.local, np);
-    const uint32_t nlp = kvt_umax(nl, (np != 0 && it.tokens % a.P != 0) ? 1u : 0u);
     uint32_t *sel = a.d_sel + it.sel_off;
     uint32_t *topk = a.d_topk ? a.d_topk + it.sel_off : nullptr;
     // Competitors: [c0, c1); the rest is forced.
-    const uint32_t c0 = ns, c1 = np - nlp;
+    uint32_t c0, c1;
+    kvt__forced_span(np, it.tokens, a.P, it.sink, it.local, &c0, &c1);
     if (c0 >= c1) {
         for (uint32_t i = tid; i < np; i += nt)
             sel[i] = i;

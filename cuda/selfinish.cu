@@ -44,10 +44,9 @@ KVT_KERNEL __launch_bounds__(KVT_SF_THREADS) kvt_sf_kernel(const kvt__cu_sf_args
 
     // Checks of the item's fields (the same in every thread).
     bool bad = mode > KVT__CU_SF_ALL || (uint64_t)np != ((uint64_t)it.tokens + P - 1u) / P;
-    const uint32_t ns = kvt_umin(it.sink, np), nl = kvt_umin(it.local, np);
-    const uint32_t nlp = kvt_umax(nl, (np != 0 && it.tokens % P != 0) ? 1u : 0u);
-    const bool all_forced = ns >= np - nlp;
-    const uint32_t c0 = ns, c1 = np - nlp;
+    uint32_t c0, c1; // competitors [c0, c1); the rest is forced
+    kvt__forced_span(np, it.tokens, P, it.sink, it.local, &c0, &c1);
+    const bool all_forced = c0 >= c1;
     uint32_t n_sel = 0, n_topk = 0, n_saved = 0;
     const uint32_t *sel_in = a.d_sel + it.sel_off;
     const uint32_t *topk = nullptr, *saved_in = nullptr;

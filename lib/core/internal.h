@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "kvtier/kvtier.h"
+#include "forced.h" /* the forced-page rule (sink, local, partial last page) */
 
 #define KVT__HIDDEN __attribute__((visibility("hidden")))
 #define KVT__PRINTF(a, b) __attribute__((format(printf, a, b)))
@@ -429,13 +430,6 @@ static inline void kvt__dirty(const kvt_pool *p, kvt__seq *s, size_t lh, uint32_
     } else if (page > s->dhi[lh]) {
         s->dhi[lh] = page;
     }
-}
-/* Whether page pg of a (layer, head) with np pages and `tokens` tokens is
- * forced into every selection (sink, local, partial last page). */
-static inline bool kvt__forced(uint32_t pg, uint32_t np, uint32_t tokens, uint32_t P,
-                               uint32_t sink, uint32_t local)
-{
-    return pg < sink || (uint64_t)pg + local >= np || (pg + 1 == np && tokens % P != 0);
 }
 
 /* A memory tier exists when its arena is mapped; the disk tier when its

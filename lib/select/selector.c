@@ -345,14 +345,12 @@ uint32_t kvt__sel_pick(uint32_t np, uint32_t tokens, uint32_t P, uint32_t k, uin
 {
     uint8_t *mark = sc->mark;
     memset(mark, 0, np);
-    const uint32_t ns = sink < np ? sink : np;
-    const uint32_t nl = local < np ? local : np;
-    for (uint32_t i = 0; i < ns; i++)
+    uint32_t lo, hi; /* the forced pages: [0, lo) and [hi, np) */
+    kvt__forced_span(np, tokens, P, sink, local, &lo, &hi);
+    for (uint32_t i = 0; i < lo; i++)
         mark[i] = 1;
-    for (uint32_t i = np - nl; i < np; i++)
+    for (uint32_t i = hi > lo ? hi : lo; i < np; i++)
         mark[i] = 1;
-    if (np && tokens % P)
-        mark[np - 1] = 1;
     uint32_t nt = 0;
     if (vote) {
         uint32_t nc = 0;

@@ -163,17 +163,11 @@ static int kvt__step_record(kvt_step *st, uint32_t layer)
             const size_t ih = (size_t)i * st->H + h, b = (size_t)layer * st->H + h;
             if (!st->sel_rr[ih])
                 continue;
-            const uint32_t ns = st->sink[b] < np ? st->sink[b] : np;
-            const uint32_t nl = st->local[b] < np ? st->local[b] : np;
             const uint32_t *sel = st->sel_pages + st->sel_off[ih];
             uint32_t nk = 0;
-            for (uint32_t j = 0; j < st->sel_cnt[ih]; j++) {
-                const uint32_t pg = sel[j];
-                const bool forced = pg < ns || pg >= np - nl ||
-                                    (pg == np - 1 && tokens % st->P != 0);
-                if (!forced)
-                    st->rec[nk++] = pg;
-            }
+            for (uint32_t j = 0; j < st->sel_cnt[ih]; j++)
+                if (!kvt__forced(sel[j], np, tokens, st->P, st->sink[b], st->local[b]))
+                    st->rec[nk++] = sel[j];
             /* Every forced page is selected: candidates = np - forced. */
             const uint32_t n_cand = np - (st->sel_cnt[ih] - nk);
             int rc = kvt__profiler_add(st->prof, st->ids[i], layer, h, st->rec, nk, n_cand);

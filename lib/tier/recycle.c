@@ -36,18 +36,17 @@ static bool kvt__reuse_off_device(const kvt_pool *p, const kvt__seq *s, uint32_t
     const uint8_t *res = s->res + lh * s->cap_pages;
     const uint8_t here = KVT_RES_DEVICE | KVT__RES_INBOUND;
     const bool all = (uint64_t)k + sink + local >= np;
-    const uint32_t s_end = all || sink > np ? np : sink;
+    uint32_t lo, hi; /* the forced pages: [0, lo) and [hi, np) */
+    kvt__forced_span(np, tokens, p->g.page_tokens, sink, local, &lo, &hi);
+    const uint32_t s_end = all ? np : lo;
     for (uint32_t pg = 0; pg < s_end; pg++)
         if (!(res[pg] & here))
             return true;
     if (all)
         return false;
-    const uint32_t l0 = local < np ? np - local : 0;
-    for (uint32_t pg = l0 > s_end ? l0 : s_end; pg < np; pg++)
+    for (uint32_t pg = hi > lo ? hi : lo; pg < np; pg++)
         if (!(res[pg] & here))
             return true;
-    if (np && tokens % p->g.page_tokens && !(res[np - 1u] & here))
-        return true;
     if (s->topk && s->topk_k[lh]) {
         const uint32_t *t = s->topk + lh * s->topk_cap;
         for (uint32_t j = 0; j < s->topk_n[lh]; j++)
