@@ -143,12 +143,7 @@ KVT_API int kvt_seq_release(kvt_pool *pool, kvt_seq_id seq)
         return rc;
     /* Moves of its pages may be in flight: let them finish first, so no
      * thread writes into blocks that are about to be reused. */
-    kvt__mover_drain_seq(pool->mover, s);
-    if (s->wfence) { /* warm-up's batch, never consumed by a step: retire it */
-        int code = 0;
-        kvt__mover_fence_done(pool->mover, s->wfence, &code);
-        s->wfence = 0;
-    }
+    kvt__place_settle(pool, s);
     kvt__seq_free_pages(pool, s);
     kvt__phase_leave(pool, s->phase);
     kvt__seq_fini(s);

@@ -418,17 +418,9 @@ KVT_API int kvt_step_selection(const kvt_step *st, uint32_t layer, uint32_t seq_
                                uint32_t kv_head, uint32_t *pages, uint32_t capacity,
                                uint32_t *n_pages, uint32_t *reranked)
 {
-    if (!st)
-        return kvt__err(KVT_EINVAL, "step: must not be NULL");
-    if (!st->open)
-        return kvt__err(KVT_ESTATE, "step: already finished (a stale plan)");
-    if (layer >= st->L)
-        return kvt__err(KVT_EINVAL, "layer: %u >= n_layers %u", layer, st->L);
-    if (seq_index >= st->n)
-        return kvt__err(KVT_EINVAL, "seq_index: %u >= the plan's %u sequences", seq_index,
-                        st->n);
-    if (kv_head >= st->H)
-        return kvt__err(KVT_EINVAL, "kv_head: %u >= n_kv_heads %u", kv_head, st->H);
+    int rc = kvt__step_args(st, layer, seq_index, kv_head);
+    if (rc)
+        return rc;
     KVT__CHECK_NULL(n_pages);
     if (st->sel_layer != layer)
         return kvt__err(KVT_ESTATE, "layer: %u has no selection in this step", layer);
@@ -436,7 +428,7 @@ KVT_API int kvt_step_selection(const kvt_step *st, uint32_t layer, uint32_t seq_
     if (st->pool->cu) {
         if (capacity)
             KVT__CHECK_NULL(pages);
-        int rc = kvt__cuda_step_selection(st, ih, pages, capacity, n_pages);
+        rc = kvt__cuda_step_selection(st, ih, pages, capacity, n_pages);
         if (!rc && reranked)
             *reranked = st->sel_rr[ih];
         return rc;

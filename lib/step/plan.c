@@ -476,18 +476,31 @@ out_free:
     return rc;
 }
 
-int kvt__step_enter(const kvt_step *st, uint32_t layer)
+int kvt__step_args(const kvt_step *st, uint32_t layer, uint32_t seq_index, uint32_t kv_head)
 {
     if (!st)
         return kvt__err(KVT_EINVAL, "step: must not be NULL");
     if (!st->open)
         return kvt__err(KVT_ESTATE, "step: already finished (a stale plan); call "
                         "kvt_step_plan for a new step");
-    if (layer >= st->L)
+    if (layer != KVT__ANY && layer >= st->L)
         return kvt__err(KVT_EINVAL, "layer: %u >= n_layers %u", layer, st->L);
+    if (seq_index != KVT__ANY && seq_index >= st->n)
+        return kvt__err(KVT_EINVAL, "seq_index: %u >= the plan's %u sequences", seq_index,
+                        st->n);
+    if (kv_head != KVT__ANY && kv_head >= st->H)
+        return kvt__err(KVT_EINVAL, "kv_head: %u >= n_kv_heads %u", kv_head, st->H);
+    return 0;
+}
+
+int kvt__step_enter(const kvt_step *st, uint32_t layer)
+{
+    int rc = kvt__step_args(st, layer, KVT__ANY, KVT__ANY);
+    if (rc)
+        return rc;
     for (uint32_t i = 0; i < st->n; i++) {
         kvt__seq *s;
-        int rc = kvt__seq_lookup(st->pool, st->ids[i], &s);
+        rc = kvt__seq_lookup(st->pool, st->ids[i], &s);
         if (rc)
             return kvt__err(rc, "step: sequence %u (id 0x%llx) was released after the plan",
                             i, (unsigned long long)st->ids[i]);
@@ -532,13 +545,9 @@ KVT_API int kvt_step_finish(kvt_step *st)
 
 KVT_API int kvt_step_ready(kvt_step *st, uint32_t seq_index, uint32_t *ready)
 {
-    if (!st)
-        return kvt__err(KVT_EINVAL, "step: must not be NULL");
-    if (!st->open)
-        return kvt__err(KVT_ESTATE, "step: already finished (a stale plan)");
-    if (seq_index >= st->n)
-        return kvt__err(KVT_EINVAL, "seq_index: %u >= the plan's %u sequences", seq_index,
-                        st->n);
+    int rc = kvt__step_args(st, KVT__ANY, seq_index, KVT__ANY);
+    if (rc)
+        return rc;
     KVT__CHECK_NULL(ready);
     *ready = st->tiered ? !kvt__pending(st, seq_index) : 1u;
     return 0;
@@ -547,17 +556,9 @@ KVT_API int kvt_step_ready(kvt_step *st, uint32_t seq_index, uint32_t *ready)
 KVT_API int kvt_step_dirty(const kvt_step *st, uint32_t layer, uint32_t seq_index,
                            uint32_t kv_head, uint32_t *first_page, uint32_t *n_pages)
 {
-    if (!st)
-        return kvt__err(KVT_EINVAL, "step: must not be NULL");
-    if (!st->open)
-        return kvt__err(KVT_ESTATE, "step: already finished (a stale plan)");
-    if (layer >= st->L)
-        return kvt__err(KVT_EINVAL, "layer: %u >= n_layers %u", layer, st->L);
-    if (seq_index >= st->n)
-        return kvt__err(KVT_EINVAL, "seq_index: %u >= the plan's %u sequences", seq_index,
-                        st->n);
-    if (kv_head >= st->H)
-        return kvt__err(KVT_EINVAL, "kv_head: %u >= n_kv_heads %u", kv_head, st->H);
+    int rc = kvt__step_args(st, layer, seq_index, kv_head);
+    if (rc)
+        return rc;
     KVT__CHECK_NULL(first_page);
     KVT__CHECK_NULL(n_pages);
     const kvt__seq *s = st->seqs[seq_index];

@@ -76,7 +76,14 @@ struct kvt_step {
 #define KVT__CHUNK_PAGES 32u
 #define KVT__NO_LAYER 0xffffffffu
 
-/* Checks a step and its sequences before a per-layer call (plan.c). */
+/* The argument check every call that takes a step makes (plan.c): the step
+ * is not NULL and is open; layer, seq_index and kv_head, unless KVT__ANY,
+ * are in range. */
+#define KVT__ANY UINT32_MAX
+KVT__HIDDEN int kvt__step_args(const kvt_step *st, uint32_t layer, uint32_t seq_index,
+                               uint32_t kv_head);
+/* ... and before a per-layer call, the step's sequences are all still live
+ * and hold the tokens the plan expects (plan.c). */
 KVT__HIDDEN int kvt__step_enter(const kvt_step *st, uint32_t layer);
 /* Tiered steps (layer.c): whether sequence i still has promotions (its
  * warm-up's or this layer's) in flight, recording outcomes that arrived; */

@@ -346,6 +346,17 @@ static int kvt__warm_host(kvt_pool *p, kvt__seq *s, kvt_seq_id id)
     return rc;
 }
 
+void kvt__place_settle(kvt_pool *p, kvt__seq *s)
+{
+    kvt__mover_drain_seq(p->mover, s);
+    if (s->wfence) { /* an earlier warm-up's batch no step consumed */
+        int code = 0;
+        kvt__mover_fence_done(p->mover, s->wfence, &code);
+        s->wfence = 0;
+        kvt_clear_error();
+    }
+}
+
 int kvt__place_warmup(kvt_pool *pool, kvt__seq *s, kvt_seq_id seq, const float *obs_queries,
                       uint32_t n_obs)
 {
@@ -355,13 +366,7 @@ int kvt__place_warmup(kvt_pool *pool, kvt__seq *s, kvt_seq_id seq, const float *
     const uint32_t Hq = pool->g.n_q_heads, G = Hq / H, D = pool->g.head_dim;
 
     /* Settle: no move of the sequence in flight, every full stable page out once. */
-    kvt__mover_drain_seq(pool->mover, s);
-    if (s->wfence) { /* an earlier warm-up no step consumed: report it now */
-        int code = 0;
-        kvt__mover_fence_done(pool->mover, s->wfence, &code);
-        s->wfence = 0;
-        kvt_clear_error();
-    }
+    kvt__place_settle(pool, s);
     kvt__seq *one[1] = {s};
     if ((rc = kvt__place_offload(pool, one, &seq, 1, UINT32_MAX, true)))
         return rc;

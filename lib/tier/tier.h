@@ -201,6 +201,11 @@ KVT__HIDDEN int kvt__place_offload(kvt_pool *p, kvt__seq *const *seqs, const kvt
  * offload and wait, then drop device copies stable heads do not keep. */
 KVT__HIDDEN int kvt__place_after_append(kvt_pool *p, kvt__seq *s, kvt_seq_id id,
                                         uint32_t layer, uint32_t tokens_before);
+/* Settles a sequence (release, warm-up): no move of its pages in flight
+ * (the mover's threads write into its blocks), and a warm-up batch no step
+ * consumed retired, its outcome dropped (its pages arrived or stayed where
+ * they were; a step that needs them reranks). */
+KVT__HIDDEN void kvt__place_settle(kvt_pool *p, kvt__seq *s);
 /* kvt_seq_warmup's work once its arguments and the pool's state are
  * checked (lib/api/warmup.c): settle the sequence, score every stable
  * head's pages over the observation queries, and place them. */
