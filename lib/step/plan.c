@@ -35,39 +35,9 @@ void kvt__step_free(struct kvt_step *st)
 {
     if (!st)
         return;
-    free(st->ids);
-    free(st->seqs);
-    free(st->expect);
-    free(st->due);
+    free(st->wksp);
     free(st->appended);
     free(st->recorded);
-    free(st->rec);
-    free(st->sel_off);
-    free(st->sel_cnt);
-    free(st->sel_rr);
-    free(st->task0);
-    free(st->ntask);
-    free((void *)st->pending);
-    free(st->sel_pages);
-    free(st->task_ih);
-    free(st->task_first);
-    free(st->task_count);
-    free(st->part);
-    free(st->tmem);
-    free(st->fence);
-    free(st->fcode);
-    free(st->fpend);
-    free(st->wf);
-    free(st->wcode);
-    free(st->pm_off);
-    free(st->pm_cnt);
-    free(st->pm);
-    free(st->pmdst);
-    free(st->pmres);
-    free(st->ev);
-    free(st->pml);
-    free(st->failed);
-    free(st->run);
     free(st);
 }
 
@@ -85,20 +55,64 @@ KVT_API int kvt_step_opts_init(kvt_step_opts *opts)
     return 0;
 }
 
-/* Grows *p to hold n elements of size sz (contents not kept). */
-static int kvt__grow(void **p, size_t *cap, size_t n, size_t sz, const char *what)
+/* The step's per-plan arrays, carved from one allocation (zstd's cwksp is
+ * the model): kvt__step_carve runs once with no memory to size it, then
+ * again over the workspace to set the pointers. A new per-step array is one
+ * line there. Each array starts on a cache line. */
+typedef struct {
+    uint8_t *base; /* NULL: only count */
+    size_t used;
+    bool overflow;
+} kvt__wk;
+
+static void *kvt__wk_take(kvt__wk *w, uint64_t n, size_t sz)
 {
-    if (n <= *cap && *p)
-        return 0;
-    if (n > SIZE_MAX / sz)
-        return kvt__err(KVT_EOVERFLOW, "step: %s of %zu entries overflow", what, n);
-    void *q = malloc(n * sz != 0 ? n * sz : 1);
-    if (!q)
-        return kvt__err(KVT_ENOMEM, "step: cannot allocate %s (%zu bytes)", what, n * sz);
-    free(*p);
-    *p = q;
-    *cap = n;
-    return 0;
+    const size_t off = (w->used + 63u) & ~(size_t)63u;
+    if (off < w->used || n > (SIZE_MAX - off) / sz) {
+        w->overflow = true;
+        return NULL;
+    }
+    w->used = off + (size_t)n * sz;
+    return w->base && !w->overflow ? w->base + off : NULL;
+}
+
+size_t kvt__step_carve(kvt_step *st, const kvt__step_sizes *z, void *base)
+{
+    kvt__wk w = {base, 0, false};
+#define KVT__TAKE(field, count) st->field = kvt__wk_take(&w, (count), sizeof *st->field)
+    KVT__TAKE(ids, z->n);
+    KVT__TAKE(seqs, z->n);
+    KVT__TAKE(expect, z->nl);
+    KVT__TAKE(due, z->nlh);
+    KVT__TAKE(sel_off, z->nh);
+    KVT__TAKE(sel_cnt, z->nh);
+    KVT__TAKE(sel_rr, z->nh);
+    KVT__TAKE(task0, z->nh);
+    KVT__TAKE(ntask, z->nh);
+    KVT__TAKE(pending, z->nh);
+    KVT__TAKE(fence, z->n);
+    KVT__TAKE(fcode, z->n);
+    KVT__TAKE(fpend, z->n);
+    KVT__TAKE(wf, z->n);
+    KVT__TAKE(wcode, z->n);
+    KVT__TAKE(pm_off, z->n);
+    KVT__TAKE(pm_cnt, z->n);
+    KVT__TAKE(failed, z->n);
+    KVT__TAKE(run, z->n);
+    KVT__TAKE(sel_pages, z->sel);
+    KVT__TAKE(task_ih, z->tasks);
+    KVT__TAKE(task_first, z->tasks);
+    KVT__TAKE(task_count, z->tasks);
+    KVT__TAKE(part, z->part);
+    KVT__TAKE(tmem, z->tmem);
+    KVT__TAKE(rec, z->rec);
+    KVT__TAKE(pm, z->pm);
+    KVT__TAKE(pmdst, z->pm);
+    KVT__TAKE(pmres, z->pm);
+    KVT__TAKE(pml, z->ev);
+    st->ev = kvt__wk_take(&w, z->ev, sizeof(kvt__evc));
+#undef KVT__TAKE
+    return w.overflow ? SIZE_MAX : w.used;
 }
 
 static int cmp_u64(const void *a, const void *b)
@@ -306,107 +320,51 @@ KVT_API int kvt_step_plan(kvt_pool *pool, const kvt_seq_id *seqs, uint32_t n_seq
         }
     }
     kvt_step *st = pool->step;
-    const size_t nh = (size_t)n_seqs * H, nlh = (size_t)n_seqs * L * H;
-    if (n_seqs > st->cap_n) {
-        size_t c = 0;
-        st->cap_n = 0; /* until every per-sequence array has grown */
-        void *p;
-#define KVT__REALLOC(field, count)                                                         \
-    do {                                                                                   \
-        c = 0;                                                                             \
-        p = st->field;                                                                     \
-        st->field = NULL;                                                                  \
-        free(p);                                                                           \
-        rc = kvt__grow((void **)&st->field, &c, (count), sizeof *st->field, #field);       \
-        if (rc)                                                                            \
-            goto out_reset;                                                                \
-    } while (0)
-        KVT__REALLOC(ids, n_seqs);
-        KVT__REALLOC(seqs, n_seqs);
-        KVT__REALLOC(expect, (size_t)n_seqs * L);
-        KVT__REALLOC(due, nlh);
-        KVT__REALLOC(sel_off, nh);
-        KVT__REALLOC(sel_cnt, nh);
-        KVT__REALLOC(sel_rr, nh);
-        KVT__REALLOC(task0, nh);
-        KVT__REALLOC(ntask, nh);
-        KVT__REALLOC(pending, nh);
-        KVT__REALLOC(fence, n_seqs);
-        KVT__REALLOC(fcode, n_seqs);
-        KVT__REALLOC(fpend, n_seqs);
-        KVT__REALLOC(wf, n_seqs);
-        KVT__REALLOC(wcode, n_seqs);
-        KVT__REALLOC(pm_off, n_seqs);
-        KVT__REALLOC(pm_cnt, n_seqs);
-        KVT__REALLOC(failed, n_seqs);
-        KVT__REALLOC(run, n_seqs);
-#undef KVT__REALLOC
-        st->cap_n = n_seqs;
-    }
     const size_t part_floats = 2u * (size_t)G + (size_t)G * D;
-    if (task_total > SIZE_MAX / sizeof(float) / part_floats) {
-        rc = kvt__err(KVT_EOVERFLOW, "step: %llu decode tasks overflow",
-                      (unsigned long long)task_total);
-        goto out_reset;
-    }
-    if ((rc = kvt__grow((void **)&st->sel_pages, &st->cap_sel, sel_total, sizeof(uint32_t),
-                        "selection")))
-        goto out_reset;
-    size_t c1 = st->cap_tasks, c2 = st->cap_tasks, c3 = st->cap_tasks;
-    if ((rc = kvt__grow((void **)&st->task_ih, &c1, task_total, sizeof(uint32_t), "tasks")) ||
-        (rc = kvt__grow((void **)&st->task_first, &c2, task_total, sizeof(uint32_t), "tasks")) ||
-        (rc = kvt__grow((void **)&st->task_count, &c3, task_total, sizeof(uint32_t), "tasks"))) {
-        free(st->task_ih);
-        free(st->task_first);
-        free(st->task_count);
-        st->task_ih = st->task_first = st->task_count = NULL;
-        st->cap_tasks = 0;
-        goto out_reset;
-    }
-    st->cap_tasks = c1 < c2 ? (c1 < c3 ? c1 : c3) : (c2 < c3 ? c2 : c3);
-    if ((rc = kvt__grow((void **)&st->part, &st->cap_part, task_total * part_floats,
-                        sizeof(float), "partial results")))
-        goto out_reset;
     size_t dec = ((size_t)G * D + (size_t)G * P) * sizeof(float) +
                  KVT__CHUNK_PAGES * (sizeof(void *) + sizeof(uint32_t));
     size_t selb = o.selector && !dense ? kvt__sel_scratch_bytes(G, D, np_max) : 0;
     size_t tstride = ((dec > selb ? dec : selb) + 63u) & ~(size_t)63u;
     const uint32_t nt = pool->tp.n_threads;
-    if ((rc = kvt__grow((void **)&st->tmem, &st->cap_tmem, (size_t)nt * tstride, 1,
-                        "thread scratch")))
-        goto out_reset;
-    if (prof && (rc = kvt__grow((void **)&st->rec, &st->cap_rec, (size_t)np_max,
-                                sizeof(uint32_t), "profiler records")))
-        goto out_reset;
-    if (tiered) {
-        size_t p1 = st->cap_pm, p2 = st->cap_pm, p3 = st->cap_pm;
-        if ((rc = kvt__grow((void **)&st->pm, &p1, pm_total, sizeof *st->pm, "promotions")) ||
-            (rc = kvt__grow((void **)&st->pmdst, &p2, pm_total, sizeof *st->pmdst,
-                            "promotions")) ||
-            (rc = kvt__grow((void **)&st->pmres, &p3, pm_total, sizeof *st->pmres,
-                            "promotions"))) {
-            free(st->pm);
-            free(st->pmdst);
-            free(st->pmres);
-            st->pm = NULL;
-            st->pmdst = NULL;
-            st->pmres = NULL;
-            st->cap_pm = 0;
-            goto out_reset;
-        }
-        st->cap_pm = p1;
-        size_t e1 = st->cap_ev, e2 = st->cap_ev;
-        if ((rc = kvt__grow(&st->ev, &e1, np_max, sizeof(kvt__evc), "eviction list")) ||
-            (rc = kvt__grow((void **)&st->pml, &e2, np_max, sizeof(uint32_t), "eviction list"))) {
-            free(st->ev);
-            free(st->pml);
-            st->ev = NULL;
-            st->pml = NULL;
-            st->cap_ev = 0;
-            goto out_reset;
-        }
-        st->cap_ev = e1;
+    uint64_t part_n; /* the decode tasks' partial results, in floats */
+    if (!kvt__mul_u64(task_total, part_floats, &part_n))
+        part_n = UINT64_MAX; /* the carve reports the overflow */
+    const kvt__step_sizes z = {
+        .n = n_seqs,
+        .nl = (uint64_t)n_seqs * L,
+        .nh = (uint64_t)n_seqs * H,
+        .nlh = (uint64_t)n_seqs * L * H,
+        .sel = sel_total,
+        .tasks = task_total,
+        .part = part_n,
+        .tmem = (uint64_t)nt * tstride,
+        .rec = prof ? np_max : 0,
+        .pm = tiered ? pm_total : 0,
+        .ev = tiered ? np_max : 0,
+    };
+    kvt_step sizing;
+    const size_t bytes = kvt__step_carve(&sizing, &z, NULL);
+    if (bytes == SIZE_MAX) {
+        rc = kvt__err(KVT_EOVERFLOW, "step: the workspace of %u sequences (%llu selected "
+                      "pages, %llu decode tasks) overflows", n_seqs,
+                      (unsigned long long)sel_total, (unsigned long long)task_total);
+        goto out_free;
     }
+    if (bytes > st->wksp_bytes) {
+        free(st->wksp);
+        st->wksp_bytes = 0;
+        st->wksp = malloc(bytes);
+        if (!st->wksp) {
+            rc = kvt__err(KVT_ENOMEM, "step: cannot allocate the workspace (%zu bytes)",
+                          bytes);
+            goto out_free;
+        }
+        st->wksp_bytes = bytes;
+    }
+    kvt__step_carve(st, &z, st->wksp);
+    st->cap_sel = (size_t)z.sel;
+    st->cap_tasks = (size_t)z.tasks;
+    st->cap_pm = (size_t)z.pm;
 
     /* Everything is in place: fill the plan. */
     st->sel = o.selector;
@@ -466,10 +424,8 @@ KVT_API int kvt_step_plan(kvt_pool *pool, const kvt_seq_id *seqs, uint32_t n_seq
     *out = st;
     return 0;
 
-out_reset:
-    /* A failed grow leaves each array either intact with its old capacity
-     * or NULL with capacity 0; the step itself stays (a finished handle
-     * must keep answering KVT_ESTATE), closed. */
+    /* On failure the step itself stays (a finished handle must keep
+     * answering KVT_ESTATE), closed. */
 out_free:
     free(ss);
     free(sorted);

@@ -14,14 +14,16 @@ struct kvt_step {
     const uint32_t *k, *sink, *local, *interval;
     kvt_profiler *prof;       /* records the top-K sets of reranked heads */
     uint8_t *recorded;        /* [L] layer already recorded in this step */
-    size_t cap_rec;
-    uint32_t *rec;            /* [cap_rec] one head's top-K part */
+    /* The per-plan arrays below (those with a size in brackets) are carved
+     * from one allocation, wksp (plan.c, kvt__step_carve). */
+    void *wksp;
+    size_t wksp_bytes;
+    uint32_t *rec;            /* [np_max] one head's top-K part (with a profiler) */
     uint32_t flags;
     float scale;
     uint32_t n;               /* sequences */
     uint32_t L, H, Hq, G, D, P;
 
-    uint32_t cap_n;
     kvt_seq_id *ids;          /* [n] */
     kvt__seq **seqs;          /* [n] */
     uint32_t *expect;         /* [n * L] tokens each layer should hold */
@@ -40,10 +42,9 @@ struct kvt_step {
     uint32_t *sel_pages;      /* [cap_sel] */
     size_t cap_tasks;
     uint32_t *task_ih, *task_first, *task_count; /* [cap_tasks] */
-    size_t cap_part;
     float *part;              /* [cap_tasks][2G + G*D] */
     uint32_t n_threads;
-    size_t tstride, cap_tmem;
+    size_t tstride;
     uint8_t *tmem;            /* [n_threads][tstride] */
 
     /* Tiered placement (a pool with a policy, not a dense step). */
@@ -58,9 +59,8 @@ struct kvt_step {
     kvt_move *pm;             /* [cap_pm] promotions of the current layer */
     uint32_t *pmdst;          /* [cap_pm] device block handed to each */
     int32_t *pmres;           /* [cap_pm] per-move outcome */
-    size_t cap_ev;
-    void *ev;                 /* [cap_ev] eviction candidates of one head */
-    uint32_t *pml;            /* [cap_ev] promoted pages of one head */
+    void *ev;                 /* [np_max] eviction candidates of one head (kvt__evc) */
+    uint32_t *pml;            /* [np_max] promoted pages of one head */
     uint8_t *failed;          /* [n] a promotion of the sequence failed */
     uint8_t *run;             /* [n] the CUDA decode's rounds */
 
@@ -70,6 +70,15 @@ struct kvt_step {
     float *out, *lse;
     _Atomic int err;
 };
+
+/* The element counts of a plan's arrays (kvt__step_carve). */
+typedef struct kvt__step_sizes {
+    uint64_t n, nl, nh, nlh; /* sequences; x layers; x heads; x layers x heads */
+    uint64_t sel, tasks, part, tmem, rec, pm, ev;
+} kvt__step_sizes;
+/* Points st's per-plan arrays into base (NULL: only sizes them); returns
+ * the bytes they take, SIZE_MAX on overflow. */
+KVT__HIDDEN size_t kvt__step_carve(kvt_step *st, const kvt__step_sizes *z, void *base);
 
 /* Pages per decode task. Fixed, so that the split (and the floating-point
  * merge order) depends on the selection only, never on the thread count. */
