@@ -105,7 +105,7 @@ LIB_SRCS := $(wildcard lib/core/*.c lib/select/*.c lib/attn/*.c lib/policy/*.c l
                       lib/step/*.c lib/api/*.c)
 ifeq ($(CUDA),1)
 CU_SRCS  := $(wildcard cuda/*.cu)
-LIB_SRCS += lib/backend/cuda_pool.c
+LIB_SRCS += $(filter-out lib/backend/cuda_none.c,$(wildcard lib/backend/cuda_*.c))
 CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lpthread
 else
 LIB_SRCS += lib/backend/cuda_none.c
