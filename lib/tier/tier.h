@@ -249,6 +249,10 @@ KVT__HIDDEN int kvt__place_recycle_head(kvt_pool *p, kvt__seq *s, kvt_seq_id id,
 
 /* Drops the copy of page e of s in `tier` (another copy exists). */
 KVT__HIDDEN void kvt__page_drop(kvt_pool *p, kvt__seq *s, size_t e, uint32_t tier);
+/* Shared by mover.c and mover_submit.c: queues op at the tail of a
+ * priority queue; applies the moves the workers finished (caller thread). */
+KVT__HIDDEN void kvt__mover_q_push(kvt__op **head, kvt__op **tail, kvt__op *op);
+KVT__HIDDEN void kvt__mover_apply_done(kvt_mover *m);
 /* Applies finished moves without waiting. */
 KVT__HIDDEN void kvt__mover_apply(kvt_mover *m);
 /* 1 when the batch of `fence` is complete (its first error in *code,
