@@ -4,7 +4,8 @@
  * placement react to the new pages. */
 #include <stdlib.h>
 
-#include "../core/internal.h"
+#include "../core/store.h"
+#include "../backend/hooks.h"
 #include "../tier/tier.h"
 
 KVT_API int kvt_seq_append(kvt_pool *pool, kvt_seq_id seq, uint32_t layer, const void *k,

@@ -3,7 +3,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../core/internal.h"
+#include "../core/store.h"
+#include "../backend/hooks.h"
 #include "../policy/policy_int.h"
 #include "../tier/tier.h"
 

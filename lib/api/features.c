@@ -1,6 +1,7 @@
 /* kvt_build_features: what this build of the library can serve (the
  * backends and tiers it was built with). */
-#include "../core/internal.h"
+#include "../core/store.h"
+#include "../backend/hooks.h"
 
 KVT_API uint32_t kvt_build_features(void)
 {

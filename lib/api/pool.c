@@ -5,7 +5,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "../core/internal.h"
+#include "../core/store.h"
+#include "../attn/kernels.h"
+#include "../select/select_int.h"
+#include "../backend/hooks.h"
+#include "../step/step.h"
 #include "../policy/policy_int.h"
 #include "../tier/tier.h"
 
@@ -353,4 +357,14 @@ KVT_API int kvt_pool_stats(const kvt_pool *pool, kvt_stats *stats)
     s.paused_seqs = pool->pst.paused;
     memcpy(stats, &s, fill);
     return 0;
+}
+
+/* The ISA of the CPU kernels the pool runs (lib/attn/dispatch.c chose them). */
+KVT_API const char *kvt_pool_kernel_isa(const kvt_pool *pool)
+{
+    if (!pool) {
+        kvt__err(KVT_EINVAL, "pool: must not be NULL");
+        return "";
+    }
+    return pool->kern->name;
 }

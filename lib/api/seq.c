@@ -6,7 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../core/internal.h"
+#include "../core/store.h"
+#include "../backend/hooks.h"
 #include "../tier/tier.h"
 
 /* Sizes of the first released layouts (0.1): pinned, never sizeof of the

@@ -1,7 +1,8 @@
 /* kvt_seq_warmup: the public importance-guided warm-up after a prefill.
  * Checks the arguments and the pool's state, then lets the placement
  * (lib/tier/place.c) score and place the sequence's pages. */
-#include "../core/internal.h"
+#include "../core/store.h"
+#include "../step/step.h"
 #include "../tier/tier.h"
 
 KVT_API int kvt_seq_warmup(kvt_pool *pool, kvt_seq_id seq, const float *obs_queries,

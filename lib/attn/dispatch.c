@@ -2,7 +2,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../core/internal.h"
+#include "kernels.h"
 
 const kvt__kernels *kvt__kernels_select(void)
 {
@@ -18,13 +18,4 @@ const kvt__kernels *kvt__kernels_select(void)
         best = c < best ? c : best;
     }
     return best == 2 ? &kvt__kern_avx512 : best == 1 ? &kvt__kern_avx2 : &kvt__kern_portable;
-}
-
-KVT_API const char *kvt_pool_kernel_isa(const kvt_pool *pool)
-{
-    if (!pool) {
-        kvt__err(KVT_EINVAL, "pool: must not be NULL");
-        return "";
-    }
-    return pool->kern->name;
 }

@@ -16,7 +16,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "../core/internal.h"
+#include "kernels.h"
 
 #if KVT__ISA > 0
 #include <immintrin.h>

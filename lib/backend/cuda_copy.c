@@ -2,6 +2,8 @@
  * of copies by the zero-copy kernel or cudaMemcpyAsync, pinned staging) and
  * kvt_seq_warmup's scoring on the GPU (see cuda_pool.c for the design). */
 #include "cuda_int.h"
+#include "../policy/policy_int.h"
+#include "../select/select_int.h"
 
 /* ---- the tier mover's copies ---------------------------------------------- */
 

@@ -9,7 +9,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "../core/internal.h"
+#include "../core/store.h"
+#include "hooks.h"
 #include "../step/step_int.h"
 #include "../../cuda/kvt_cuda.h"
 

@@ -1,6 +1,7 @@
 /* The CUDA hooks of a build without nvcc (or with CUDA=0): no pool is ever
  * on the CUDA backend, so only kvt__cuda_pool_init is reached. */
-#include "../core/internal.h"
+#include "../core/store.h"
+#include "hooks.h"
 
 bool kvt__cuda_built(void)
 {

@@ -3,6 +3,7 @@
  * and finish of a step on its stream, and for pools with lower tiers the
  * selection brought back to the host and the placed block lists. */
 #include "cuda_int.h"
+#include "../select/select_int.h"
 
 /* ---- steps --------------------------------------------------------------- */
 

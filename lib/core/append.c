@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "store.h"
 
 /* Writes the metadata of a page from its f32 accumulators: min rounded
  * toward -inf, max toward +inf (so q.k bounds stay bounds), and the mean

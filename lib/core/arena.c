@@ -6,7 +6,7 @@
 #include <string.h>
 #include <sys/mman.h>
 
-#include "internal.h"
+#include "arena.h"
 
 static void *kvt__map(size_t bytes, const kvt__arena_place *pl, bool *numa)
 {

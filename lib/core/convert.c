@@ -4,7 +4,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "internal.h"
+#include "base.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>

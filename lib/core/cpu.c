@@ -1,6 +1,6 @@
 /* CPU feature detection from cpuid/xgetbv, for run-time SIMD dispatch. The
  * OS must also save the wider registers (XCR0), or the instructions fault. */
-#include "internal.h"
+#include "base.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>

@@ -5,7 +5,7 @@
  * is benign and the result identical). */
 #include <string.h>
 
-#include "internal.h"
+#include "base.h"
 
 #define KVT__CRC32C_POLY 0x82F63B78u
 

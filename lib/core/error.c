@@ -2,7 +2,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 
-#include "internal.h"
+#include "base.h"
 
 #define KVT__ERRMSG_MAX 512
 

@@ -1,5 +1,5 @@
 /* Geometry validation and derived sizes. */
-#include "internal.h"
+#include "base.h"
 
 KVT_API size_t kvt_dtype_size(kvt_dtype dtype)
 {

@@ -2,7 +2,7 @@
  * whether the machine has NUMA at all. */
 #include <numa.h>
 
-#include "internal.h"
+#include "arena.h"
 
 bool kvt__numa_available(void)
 {

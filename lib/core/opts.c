@@ -1,7 +1,7 @@
 /* Versioned options structs: struct_size first, fields only appended. */
 #include <string.h>
 
-#include "internal.h"
+#include "base.h"
 
 static int kvt__tail_zero(const uint8_t *p, size_t from, size_t to)
 {

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "store.h"
 
 kvt_seq_id kvt__seq_id_make(const kvt_pool *p, uint32_t slot, uint32_t gen)
 {

@@ -8,7 +8,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 
-#include "internal.h"
+#include "threads.h"
 
 #define KVT__SPIN_ITERS 2000u
 

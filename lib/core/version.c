@@ -1,5 +1,5 @@
 /* Version of the loaded library (its features: lib/api/features.c). */
-#include "internal.h"
+#include "base.h"
 
 #define KVT__STR2(x) #x
 #define KVT__STR(x) KVT__STR2(x)

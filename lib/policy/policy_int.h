@@ -3,9 +3,11 @@
 #ifndef KVTIER_POLICY_INT_H
 #define KVTIER_POLICY_INT_H
 
-#include "../core/internal.h"
+#include "../core/store.h"
 
 /* ---- policy (policy.c) --------------------------------------------------- */
+/* A tiered pool's stable head (lh = layer * H + head). */
+KVT__HIDDEN bool kvt__stable(const kvt_pool *p, size_t lh);
 struct kvt_policy {
     kvt_geometry g;     /* resolved */
     uint32_t n;         /* n_layers * n_kv_heads */

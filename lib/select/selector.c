@@ -5,7 +5,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../core/internal.h"
+#include "../core/store.h"
+#include "../attn/kernels.h"
+#include "select_int.h"
 
 #define KVT__SELECTOR_OPTS_V1 32u
 _Static_assert(offsetof(kvt_selector_opts, vote_scale) + 4 == KVT__SELECTOR_OPTS_V1,

@@ -8,7 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../core/internal.h"
+#include "../core/store.h"
+#include "../attn/kernels.h"
+#include "../backend/hooks.h"
 #include "../policy/policy_int.h"
 #include "../tier/tier.h"
 #include "step_int.h"

@@ -3,7 +3,7 @@
 #ifndef KVTIER_STEP_INT_H
 #define KVTIER_STEP_INT_H
 
-#include "../core/internal.h"
+#include "../core/store.h"
 
 struct kvt_step {
     kvt_pool *pool;

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "tier.h"
+#include "../select/select_int.h"
 #include "../policy/policy_int.h"
 
 /* ---- sizing -------------------------------------------------------------- */

@@ -2,7 +2,8 @@
 #ifndef KVTIER_TIER_H
 #define KVTIER_TIER_H
 
-#include "../core/internal.h"
+#include "../core/store.h"
+#include "../backend/hooks.h"
 
 /* ---- disk tier (disk.c) ----------------------------------------------------
  * One file, cut into page slots (a block rounded up to the 4 KiB O_DIRECT

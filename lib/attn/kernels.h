@@ -1,0 +1,34 @@
+/* The CPU attention and scoring kernels (kern_*.c, one source compiled per
+ * ISA) and their run-time choice (dispatch.c). */
+#ifndef KVTIER_ATTN_KERNELS_H
+#define KVTIER_ATTN_KERNELS_H
+
+#include "../core/base.h"
+
+/* ---- CPU kernels (lib/attn/kern_*.c) ------------------------------------- */
+typedef struct kvt__attn_shape {
+    uint32_t G, D, P; /* query heads per KV head, head_dim, page_tokens */
+    kvt_dtype dtype;  /* storage dtype */
+} kvt__attn_shape;
+typedef struct kvt__kernels {
+    const char *name;
+    /* Online-softmax attention of G prescaled queries q [G][D] over n
+     * blocks (ntok[i] valid tokens each). Updates the running maximum m[G],
+     * denominator l[G] and unnormalised output acc[G][D]; sbuf holds
+     * [G][P] floats of scratch. */
+    void (*attn)(const kvt__attn_shape *sh, const float *q, const uint8_t *const *blocks,
+                 const uint32_t *ntok, uint32_t n, float *m, float *l, float *acc,
+                 float *sbuf);
+    /* Scores n pages (metadata slots) for G queries into S[g * stride + i]:
+     * MINMAX with qa = max(q, 0), qb = min(q, 0); MEAN with qa = q. */
+    void (*score)(const kvt__attn_shape *sh, uint32_t method, const float *qa,
+                  const float *qb, const uint8_t *meta_base, uint64_t meta_bytes,
+                  const uint32_t *slots, uint32_t n, float *S, size_t stride);
+    /* x[i] = exp(x[i] - sub); returns the sum. */
+    float (*expsum)(float *x, uint32_t n, float sub);
+} kvt__kernels;
+KVT__HIDDEN extern const kvt__kernels kvt__kern_portable, kvt__kern_avx2, kvt__kern_avx512;
+/* The best kernels this CPU runs, capped by KVTIER_SIMD when set. */
+KVT__HIDDEN const kvt__kernels *kvt__kernels_select(void);
+
+#endif /* KVTIER_ATTN_KERNELS_H */

@@ -1,0 +1,208 @@
+/* The page store: the pool, its sequences' storage (ids, block tables,
+ * residency, page metadata slots, dirty ranges) and the helpers every
+ * layer above reads them with. The pool's members that other areas own
+ * (step, mover, disk, CUDA state, kernels) are opaque pointers here. */
+#ifndef KVTIER_STORE_H
+#define KVTIER_STORE_H
+
+#include "arena.h"
+#include "forced.h" /* the forced-page rule (sink, local, partial last page) */
+#include "threads.h"
+
+struct kvt__kernels;
+struct kvt_step;
+struct kvt__disk;
+struct kvt_mover;
+struct kvt__cuda;
+struct kvt_policy;
+
+/* ---- pool and sequences (lib/api/pool.c; storage: seq.c, append.c) ------- */
+typedef struct kvt__seq {
+    uint32_t gen;          /* generation of this slot when live */
+    bool live;
+    uint32_t max_tokens;
+    uint64_t user_data;
+    uint32_t cap_pages;    /* capacity of each (layer, head) table */
+    uint32_t *n_tokens;    /* [L] tokens appended per layer */
+    /* Tables indexed [(layer * H + head) * cap_pages + page]. */
+    uint32_t *dev_block;   /* device block, 0 = null block */
+    uint32_t *host_block;  /* host block, 0 = none */
+    uint32_t *meta_slot;   /* metadata slot (every page has one) */
+    uint8_t *res;          /* KVT_RES_* bits */
+    /* f32 accumulators of the partially filled last page of each
+     * (layer, head): [(layer * H + head)][3][D] = min, max, sum. */
+    float *acc;
+    uint64_t pages_in_tier[KVT_NUM_TIERS];
+    /* The last top-K pages chosen per (layer, head) by a step plan's rerank,
+     * reused between reranks: [(layer * H + head) * topk_cap + i]. */
+    uint32_t *topk;
+    uint32_t *topk_n;      /* [L * H] entries used */
+    uint32_t *topk_k;      /* [L * H] the K they were chosen for; 0 = none */
+    uint32_t topk_cap;
+    uint64_t steps;        /* step plans finished with this sequence */
+    uint32_t phase;        /* rerank stagger, 0..KVT__PHASES-1 (see kvt_seq_create) */
+    /* Tier mover state (lib/tier). Importance and last use of each page,
+     * [(layer * H + head) * cap_pages + page], choose what the host tier
+     * drops first when it is a cache over the disk. */
+    float *imp;            /* last score the selector gave the page */
+    uint32_t *use;         /* pool clock of the page's last selection or fetch */
+    /* Disk extents of each (layer, head): [(layer * H + head) * ext_cap + i]
+     * holds extent id + 1 (0 = none) for pages [i * E, (i + 1) * E). */
+    uint32_t *disk_ext;
+    uint32_t ext_cap;
+    uint32_t busy;         /* pages with a move in flight */
+    /* Tiered placement (lib/tier/place.c). */
+    uint32_t reloading;    /* moves to the device tier in flight */
+    uint64_t wfence;       /* warm-up's promotions (0 = none pending) */
+    uint32_t *off_next;    /* [L * H] first page not yet offloaded (stable heads) */
+    uint32_t *dlo, *dhi;   /* [L * H] dirty range of the device table ... */
+    uint32_t *dstamp;      /* [L * H] ... valid when equal to the pool's step_id */
+    /* CUDA backend: where the GPU copy of the device and metadata tables
+     * lives in the pool's table heap, laid out for cu_cap pages per head
+     * (0 = not uploaded). */
+    uint64_t cu_off;
+    uint32_t cu_cap;
+    /* ... and the entries of the device table changed on the host since the
+     * copy was last synced, per (layer, head) [L * H]: pages cu_lo..cu_hi
+     * (cu_lo > cu_hi = none). NULL on the CPU backend. */
+    uint32_t *cu_lo, *cu_hi;
+} kvt__seq;
+
+/* Internal residency bit: a move of the page is in flight (never reported). */
+#define KVT__RES_BUSY 0x80u
+/* Internal residency bit: the move in flight brings the page to the device
+ * tier (its block is reserved). */
+#define KVT__RES_INBOUND 0x40u
+#define KVT__RES_TIERS (KVT_RES_DEVICE | KVT_RES_HOST | KVT_RES_DISK)
+
+/* Which page owns a host block (for eviction); slot UINT32_MAX = none. */
+typedef struct kvt__owner {
+    uint32_t slot, lh, page;
+} kvt__owner;
+
+/* Sequence ids: generation (32 bits) | pool tag (11) | slot + 1 (21). The
+ * tag makes an id from one pool unknown to every other live pool. */
+#define KVT__ID_SLOT_BITS 21
+#define KVT__ID_TAG_BITS 11
+
+struct kvt_pool {
+    kvt_backend backend;
+    uint32_t tag;           /* 1..2047, from a process-wide counter */
+    kvt_geometry g;
+    uint32_t n_q_heads;
+    size_t elem;            /* bytes per element */
+    uint64_t block_bytes;
+    uint64_t meta_bytes;    /* bytes of one page's metadata: 3 * D * elem */
+    uint32_t max_seqs;
+    uint32_t max_seq_tokens;
+    uint32_t n_threads;
+    uint32_t flags;
+    kvt__arena tier[KVT_NUM_TIERS];
+    kvt__arena meta;        /* metadata store, device tier; block = one page's meta */
+    kvt__seq *seqs;         /* [max_seqs] slots */
+    uint32_t *free_seq;     /* stack of free slot indexes */
+    uint32_t n_free_seq;
+    uint32_t n_live;
+    uint64_t pages_in_tier[KVT_NUM_TIERS];
+    uint64_t moved_bytes[KVT_NUM_DIRS];
+    uint64_t moved_requests[KVT_NUM_DIRS];
+    float *scratch;         /* append scratch: [page_tokens][D] f32, plus [D] */
+    const struct kvt__kernels *kern;
+    kvt__tp tp;             /* worker threads, started by the first step plan */
+    struct kvt_step *step;  /* the step workspace, reused by every plan */
+    struct kvt__disk *disk; /* the disk tier (lib/tier/disk.c), NULL = none */
+    struct kvt_mover *mover;/* the tier mover (lib/tier/mover.c) */
+    struct kvt__cuda *cu;   /* CUDA backend state (lib/backend/cuda_pool.c), NULL = CPU */
+    kvt__owner *host_owner; /* [host blocks] */
+    uint32_t clock;         /* advances with every step plan and mover batch */
+#define KVT__PHASES 16u
+    uint32_t phase_live[KVT__PHASES]; /* live sequences per rerank phase */
+    uint32_t phase_next;    /* where the search for the emptiest phase starts */
+    /* Tiered placement (lib/tier/place.c): NULL policy = none. */
+    const struct kvt_policy *pol;
+    const struct kvt_selector *sel;
+    uint32_t step_id;       /* advances with every step plan (dirty ranges) */
+    /* Hook of the tiers that keep per-page state of their own: called when
+     * a sequence's block tables grow to cap_pages pages per (layer, head)
+     * (kvt__seq_reserve); set at pool creation (lib/api/pool.c). A failure
+     * leaves the tables as they were. */
+    int (*on_table_grow)(struct kvt_pool *p, struct kvt__seq *s, uint32_t cap_pages);
+    struct {
+        uint64_t sel_pages, sel_resident, promoted, recycled, evicted, offloaded, reranked,
+            paused;
+    } pst;
+};
+
+/* Records that the device table entry (s, lh, page) changed in this step. */
+static inline void kvt__dirty(const kvt_pool *p, kvt__seq *s, size_t lh, uint32_t page)
+{
+    if (s->cu_lo) { /* CUDA: the GPU's table copy catches up at its next use */
+        if (s->cu_lo[lh] > s->cu_hi[lh])
+            s->cu_lo[lh] = s->cu_hi[lh] = page;
+        else if (page < s->cu_lo[lh])
+            s->cu_lo[lh] = page;
+        else if (page > s->cu_hi[lh])
+            s->cu_hi[lh] = page;
+    }
+    if (!s->dstamp)
+        return;
+    if (s->dstamp[lh] != p->step_id) {
+        s->dstamp[lh] = p->step_id;
+        s->dlo[lh] = s->dhi[lh] = page;
+    } else if (page < s->dlo[lh]) {
+        s->dlo[lh] = page;
+    } else if (page > s->dhi[lh]) {
+        s->dhi[lh] = page;
+    }
+}
+
+/* A memory tier exists when its arena is mapped; the disk tier when its
+ * file is open. */
+static inline bool kvt__has_tier(const kvt_pool *p, uint32_t t)
+{
+    return t == KVT_TIER_DISK ? p->disk != NULL : p->tier[t].base != NULL;
+}
+/* A CUDA pool with a host or disk tier: placement runs on the host. */
+static inline bool kvt__cuda_lower(const kvt_pool *p)
+{
+    return p->cu && (p->tier[KVT_TIER_HOST].base || p->disk);
+}
+
+/* Sequence storage (seq.c). Looks up a live sequence; KVT_ENOENT for
+ * unknown or released ids. */
+KVT__HIDDEN int kvt__seq_lookup(const kvt_pool *p, kvt_seq_id id, kvt__seq **out);
+/* The id of slot `slot` at generation gen, and the slot an id names. */
+KVT__HIDDEN kvt_seq_id kvt__seq_id_make(const kvt_pool *p, uint32_t slot, uint32_t gen);
+KVT__HIDDEN uint32_t kvt__seq_id_slot(kvt_seq_id id);
+/* Frees a slot's state (its pages must be freed first); keeps the
+ * generation. */
+KVT__HIDDEN void kvt__seq_fini(kvt__seq *s);
+
+static inline size_t kvt__lh(const kvt_pool *p, uint32_t layer, uint32_t head)
+{
+    return (size_t)layer * p->g.n_kv_heads + head;
+}
+static inline uint32_t kvt__pages_for(const kvt_pool *p, uint32_t tokens)
+{
+    return (tokens + p->g.page_tokens - 1) / p->g.page_tokens;
+}
+
+/* Grows the sequence's block tables to hold `pages` pages per (layer,
+ * head), and through p->on_table_grow the tiers' own tables;
+ * all-or-nothing (seq.c). */
+KVT__HIDDEN int kvt__seq_reserve(kvt_pool *p, kvt__seq *s, uint32_t pages);
+/* Allocates the device blocks and metadata slots of the pages n_tokens more
+ * tokens of one layer open (append.c); blocks are known to be available. */
+KVT__HIDDEN void kvt__append_alloc(kvt_pool *p, kvt__seq *s, uint32_t layer, uint32_t n_tokens);
+/* Undoes kvt__append_alloc (the sequence still holds the old length). */
+KVT__HIDDEN void kvt__append_unalloc(kvt_pool *p, kvt__seq *s, uint32_t layer, uint32_t n_tokens);
+/* Appends n_tokens of one layer once every argument has been checked and
+ * blocks are known to be available (append.c); cannot fail. */
+KVT__HIDDEN void kvt__append_checked(kvt_pool *p, kvt__seq *s, uint32_t layer, const void *k,
+                                     const void *v, uint32_t n_tokens, kvt_dtype src_dtype,
+                                     uint64_t token_stride);
+/* Makes sure a sequence can keep `cap` top-K pages per (layer, head)
+ * (seq.c). */
+KVT__HIDDEN int kvt__seq_topk_reserve(const kvt_pool *p, kvt__seq *s, uint32_t cap);
+
+#endif /* KVTIER_STORE_H */

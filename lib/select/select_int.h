@@ -1,0 +1,52 @@
+/* The selector's internals (selector.c): its per-head budgets, the
+ * scratch of one selection, scoring with votes, and the selection rule. */
+#ifndef KVTIER_SELECT_INT_H
+#define KVTIER_SELECT_INT_H
+
+#include "../core/store.h"
+
+/* ---- selector (lib/select) ----------------------------------------------- */
+struct kvt_selector {
+    kvt_geometry g;
+    kvt_score_method method;
+    kvt_vote vote;
+    float vote_scale;
+    uint32_t *k, *sink, *local, *interval; /* [L * H] */
+};
+/* Scratch of one selection: G * np + np floats, np uint32 and np bytes,
+ * plus 2 * G * D floats of query rows. */
+typedef struct kvt__sel_scratch {
+    float *S;       /* [G][np] raw scores */
+    float *vote;    /* [np] */
+    uint32_t *idx;  /* [np] */
+    uint8_t *mark;  /* [np] */
+    float *qa, *qb; /* [G][D] each */
+} kvt__sel_scratch;
+KVT__HIDDEN size_t kvt__sel_scratch_bytes(uint32_t G, uint32_t D, uint32_t np);
+KVT__HIDDEN void kvt__sel_scratch_carve(kvt__sel_scratch *sc, void *mem, uint32_t G, uint32_t D,
+                                        uint32_t np);
+/* Checks that sel fits the pool's geometry (KVT_EINVAL naming the field). */
+KVT__HIDDEN int kvt__selector_match(const kvt_selector *sel, const kvt_pool *p);
+/* Voted scores of the np pages of (s, layer, head) into sc->vote. */
+KVT__HIDDEN void kvt__sel_score(const kvt_selector *sel, const kvt_pool *p, const kvt__seq *s,
+                                uint32_t layer, uint32_t head, const float *q, uint32_t np,
+                                kvt__sel_scratch *sc);
+/* The selection rule over np pages of a sequence with `tokens` tokens:
+ * sink, local and a partial last page forced, then the top k of the rest
+ * by (vote desc, index asc). Writes the sorted selection to out (returns its
+ * count) and, when topk is not NULL, the top-k part alone to topk (sorted)
+ * with its count in *n_topk. With vote == NULL, reuse_topk[n_reuse] stands
+ * in for the top-k part. */
+KVT__HIDDEN uint32_t kvt__sel_pick(uint32_t np, uint32_t tokens, uint32_t P, uint32_t k,
+                                   uint32_t sink, uint32_t local, const float *vote,
+                                   const uint32_t *reuse_topk, uint32_t n_reuse,
+                                   kvt__sel_scratch *sc, uint32_t *out, uint32_t *topk,
+                                   uint32_t *n_topk);
+/* Upper bound of kvt__sel_pick's count. */
+static inline uint32_t kvt__sel_bound(uint32_t np, uint32_t k, uint32_t sink, uint32_t local)
+{
+    uint64_t b = (uint64_t)k + sink + local + 1u;
+    return b < np ? (uint32_t)b : np;
+}
+
+#endif /* KVTIER_SELECT_INT_H */
