@@ -18,6 +18,8 @@ ifeq ($(CUDA),1)
 EMU_SRCS := $(CU_SRCS) $(wildcard cuda/emu/*.cpp)
 EMU_OBJS := $(patsubst %.cpp,$(O)/obj-emu/%.o,$(EMU_SRCS:%.cu=$(O)/obj-emu/%.o))
 EMU_LIB  := $(O)/lib/libkvtier-emu.a
+# The emulation alone (cuda/emu/*.cpp, no kernels): what test_emu links.
+EMU_CORE_OBJS := $(patsubst %.cpp,$(O)/obj-emu/%.o,$(wildcard cuda/emu/*.cpp))
 EMU_CXXFLAGS = -std=c++17 -O1 -g -DKVT_CUDA_EMU -Iinclude -Icuda -I$(CUDA_HOME)/include -fPIC \
                -fvisibility=hidden -Wall -Wextra $(if $(filter 1,$(WERROR)),-Werror) $(SANFLAGS)
 CUDA_HDRS := $(wildcard include/kvtier/*.h cuda/*.h cuda/*.cuh cuda/emu/*.h)
@@ -51,10 +53,10 @@ $(GPU_REAL_BINS): $(O)/tests/gpu/%: $(O)/obj-test/gpu/%.o $(LIB_A)
 $(O)/tests/gpu/%-emu: $(O)/obj-test/gpu/%.o $(EMU_LIB)
 	@mkdir -p $(dir $@)
 	$(CXX) $(SANFLAGS) $< -o $@ $(EMU_LIB) $(CMOCKA_LIBS) $(DEP_LIBS) $(LDFLAGS) -lm -lpthread
-$(O)/tests/gpu/test_emu: tests/gpu/test_emu.cpp $(O)/obj-emu/cuda/emu/emu.o $(O)/obj/lib/core/error.o \
+$(O)/tests/gpu/test_emu: tests/gpu/test_emu.cpp $(EMU_CORE_OBJS) $(O)/obj/lib/core/error.o \
                          $(CUDA_HDRS) | $(O)/config-test.mk
 	@mkdir -p $(dir $@)
-	$(CXX) $(EMU_CXXFLAGS) $(CMOCKA_CFLAGS) -Ilib/core $< $(O)/obj-emu/cuda/emu/emu.o \
+	$(CXX) $(EMU_CXXFLAGS) $(CMOCKA_CFLAGS) -Ilib/core $< $(EMU_CORE_OBJS) \
 	  $(O)/obj/lib/core/error.o -o $@ $(CMOCKA_LIBS) $(LDFLAGS) -lm -lpthread
 else
 GPU_REAL_BINS :=

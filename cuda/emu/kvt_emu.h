@@ -169,7 +169,7 @@ template <int N> inline void kvt_cp_async_wait_groups(void)
 // block.z <= 64, grid.x < 2^31, grid.y/z <= 65535, dynamic shared memory <=
 // 48 KiB or the kernel's KVT_SET_MAX_DYN_SHARED value, a known stream) and
 // queues the grid on the stream; it runs, whole, when something waits for
-// the stream's work (see "deferred stream work" in emu.cpp). A bad configuration returns
+// the stream's work (see "deferred stream work" in stream.cpp). A bad configuration returns
 // (and records for cudaGetLastError) cudaErrorInvalidConfiguration /
 // cudaErrorInvalidValue / cudaErrorInvalidResourceHandle.
 // fn: a heap copy of the kernel's closure, which the launch takes over
