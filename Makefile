@@ -102,7 +102,7 @@ $(O)/config-test.mk: Makefile $(O)/config.mk $(O)/config-decode.mk
 
 # ---- sources ----------------------------------------------------------------
 LIB_SRCS := $(wildcard lib/core/*.c lib/select/*.c lib/attn/*.c lib/policy/*.c lib/tier/*.c \
-                      lib/step/*.c lib/api/*.c)
+                      lib/step/*.c lib/api/*.c) lib/backend/cpu.c
 ifeq ($(CUDA),1)
 CU_SRCS  := $(wildcard cuda/*.cu)
 LIB_SRCS += $(filter-out lib/backend/cuda_none.c,$(wildcard lib/backend/cuda_*.c))

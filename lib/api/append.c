@@ -5,7 +5,7 @@
 #include <stdlib.h>
 
 #include "../core/store.h"
-#include "../backend/hooks.h"
+#include "../backend/backend.h"
 #include "../tier/tier.h"
 
 KVT_API int kvt_seq_append(kvt_pool *pool, kvt_seq_id seq, uint32_t layer, const void *k,
@@ -58,19 +58,8 @@ KVT_API int kvt_seq_append(kvt_pool *pool, kvt_seq_id seq, uint32_t layer, const
     if (rc)
         return rc;
 
-    if (pool->cu) {
-        /* CUDA: the blocks come from the host tables, the bytes are the
-         * kernel's (which waits, so k and v may be reused on return). */
-        kvt__append_alloc(pool, s, layer, n_tokens);
-        rc = kvt__cuda_seq_append(pool, s, layer, k, v, n_tokens, cur, src_dtype, token_stride);
-        if (rc) { /* all or nothing: the new pages go back */
-            kvt__append_unalloc(pool, s, layer, n_tokens);
-            return rc;
-        }
-        s->n_tokens[layer] = end;
-    } else {
-        kvt__append_checked(pool, s, layer, k, v, n_tokens, src_dtype, token_stride);
-    }
+    if ((rc = pool->be->seq_append(pool, s, layer, k, v, n_tokens, src_dtype, token_stride)))
+        return rc;
     if (pool->pol) {
         /* Tiered pool: stable heads' full pages go out once, now, and their
          * device copies leave unless forced or selected. A failed copy-out

@@ -4,7 +4,7 @@
 #include <string.h>
 
 #include "../core/store.h"
-#include "../backend/hooks.h"
+#include "../backend/backend.h"
 #include "../policy/policy_int.h"
 #include "../tier/tier.h"
 
@@ -75,7 +75,7 @@ static int kvt__null_block_zero(const kvt_pool *p, const kvt__arena *a, const ch
     if (a->ext) { /* CUDA device memory */
         if (!(copy = malloc(a->block_bytes)))
             return kvt__err(KVT_ENOMEM, "%s: cannot allocate a block buffer", name);
-        int rc = kvt__cuda_read(p, copy, b, a->block_bytes);
+        int rc = p->be->read(p, copy, b, a->block_bytes);
         if (rc) {
             free(copy);
             return rc;
@@ -280,8 +280,8 @@ KVT_API int kvt_pool_check(const kvt_pool *pool)
     }
     if (!rc)
         rc = kvt__check_accounted(&pool->meta, &meta, "metadata store");
-    if (!rc && pool->cu) /* the GPU's copies of the tables match the host's */
-        rc = kvt__cuda_check(pool);
+    if (!rc && pool->be->check) /* the backend's copies of the tables match the host's */
+        rc = pool->be->check(pool);
 
     free(slot_free);
     free(meta.owned);

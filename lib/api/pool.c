@@ -8,7 +8,7 @@
 #include "../core/store.h"
 #include "../attn/kernels.h"
 #include "../select/select_int.h"
-#include "../backend/hooks.h"
+#include "../backend/backend.h"
 #include "../step/step.h"
 #include "../policy/policy_int.h"
 #include "../tier/tier.h"
@@ -211,7 +211,7 @@ KVT_API int kvt_pool_create(kvt_pool **out, const kvt_pool_opts *opts)
 
     /* The CPU backend's device tier is what sparse decode reads at random
      * across gigabytes: huge pages spare the TLB and the page-fault cost.
-     * The CUDA backend's lives in GPU memory (kvt__cuda_pool_init). */
+     * The CUDA backend's lives in GPU memory (the backend's pool_init). */
     kvt__arena_place dev_place = {.hugepages = true, .no_base = cuda};
     rc = kvt__arena_init(&p->tier[KVT_TIER_DEVICE], p->block_bytes, n_dev, &dev_place,
                          "opts->device_bytes");
@@ -241,7 +241,9 @@ KVT_API int kvt_pool_create(kvt_pool **out, const kvt_pool_opts *opts)
     if (rc)
         goto fail;
 
-    if (cuda && (rc = kvt__cuda_pool_init(p, &o)))
+    p->be = cuda ? &kvt__backend_cuda : &kvt__backend_cpu;
+    p->be_caps = p->be->caps;
+    if (p->be->pool_init && (rc = p->be->pool_init(p, &o)))
         goto fail;
 
     p->seqs = calloc(p->max_seqs, sizeof *p->seqs);
@@ -279,8 +281,8 @@ KVT_API void kvt_pool_destroy(kvt_pool *p)
     if (p->seqs)
         for (uint32_t i = 0; i < p->max_seqs; i++)
             kvt__seq_fini(&p->seqs[i]);
-    if (p->cu)
-        kvt__cuda_pool_fini(p);
+    if (p->be && p->be->pool_fini)
+        p->be->pool_fini(p);
     for (uint32_t t = 0; t < KVT_NUM_TIERS; t++)
         kvt__arena_fini(&p->tier[t]);
     kvt__arena_fini(&p->meta);

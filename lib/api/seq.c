@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "../core/store.h"
-#include "../backend/hooks.h"
+#include "../backend/backend.h"
 #include "../tier/tier.h"
 
 /* Sizes of the first released layouts (0.1): pinned, never sizeof of the
@@ -268,12 +268,13 @@ KVT_API int kvt_seq_read_kv(const kvt_pool *pool, kvt_seq_id seq, uint32_t layer
     for (uint32_t t = 0; t < n_tokens; t++) {
         uint32_t pos = first_token + t;
         const uint8_t *blk = kvt__page_bytes(pool, s, base + pos / P);
-        if (blk && pool->cu && (s->res[base + pos / P] & KVT_RES_DEVICE)) {
-            /* CUDA: the device tier is GPU memory; bring the page over. */
+        if (blk && (pool->be_caps & KVT__BE_DEVICE_REMOTE) &&
+            (s->res[base + pos / P] & KVT_RES_DEVICE)) {
+            /* The device tier is the backend's memory (GPU): bring the page over. */
             if (!bounce && !(bounce = malloc(pool->block_bytes)))
                 return kvt__err(KVT_ENOMEM, "kvt_seq_read_kv: cannot allocate a page buffer");
             if (bounce_page != pos / P) {
-                rc = kvt__cuda_read(pool, bounce, blk, pool->block_bytes);
+                rc = pool->be->read(pool, bounce, blk, pool->block_bytes);
                 if (rc) {
                     free(bounce);
                     return rc;
@@ -323,10 +324,10 @@ KVT_API int kvt_seq_page_meta(const kvt_pool *pool, kvt_seq_id seq, uint32_t lay
                                                    page]);
     const size_t row = (size_t)D * pool->elem;
     uint8_t *copy = NULL;
-    if (pool->cu) { /* CUDA: the metadata store is GPU memory */
+    if (pool->be_caps & KVT__BE_DEVICE_REMOTE) { /* the metadata store is GPU memory */
         if (!(copy = malloc(pool->meta_bytes)))
             return kvt__err(KVT_ENOMEM, "kvt_seq_page_meta: cannot allocate a buffer");
-        if ((rc = kvt__cuda_read(pool, copy, m, pool->meta_bytes))) {
+        if ((rc = pool->be->read(pool, copy, m, pool->meta_bytes))) {
             free(copy);
             return rc;
         }

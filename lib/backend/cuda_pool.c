@@ -575,3 +575,52 @@ int kvt__cuda_seq_append(kvt_pool *p, kvt__seq *s, uint32_t layer, const void *k
         rc = kvt__cu_stream_sync(c->stream); /* k and v are the caller's again */
     return rc;
 }
+
+/* The table's append: the blocks come from the host tables, the bytes are
+ * the kernel's (which waits, so k and v may be reused on return); all or
+ * nothing, the new pages go back on failure. */
+static int kvt__cup_seq_append(kvt_pool *p, kvt__seq *s, uint32_t layer, const void *k,
+                               const void *v, uint32_t n, kvt_dtype src_dtype,
+                               uint64_t token_stride)
+{
+    const uint32_t cur = s->n_tokens[layer];
+    kvt__append_alloc(p, s, layer, n);
+    const int rc = kvt__cuda_seq_append(p, s, layer, k, v, n, cur, src_dtype, token_stride);
+    if (rc) {
+        kvt__append_unalloc(p, s, layer, n);
+        return rc;
+    }
+    s->n_tokens[layer] = cur + n;
+    return 0;
+}
+
+const kvt__backend kvt__backend_cuda = {
+    .version = KVT__BACKEND_V1,
+    .name = "cuda",
+    .built = true,
+    .caps = KVT__BE_DEVICE_REMOTE | KVT__BE_NO_PROFILER | KVT__BE_NO_DENSE_TIERED |
+            KVT__BE_NO_HOST_SELECT,
+    .pool_init = kvt__cuda_pool_init,
+    .pool_fini = kvt__cuda_pool_fini,
+    .check = kvt__cuda_check,
+    .read = kvt__cuda_read,
+    .seq_append = kvt__cup_seq_append,
+    .step_plan = kvt__cuda_step_plan,
+    .step_append = kvt__cuda_step_append,
+    .step_select = kvt__cuda_step_select,
+    .step_fetch = kvt__cuda_step_fetch,
+    .step_place = kvt__cuda_step_place,
+    .step_decode = kvt__cuda_step_decode,
+    .step_selection = kvt__cuda_step_selection,
+    .step_finish = kvt__cuda_step_finish,
+    .batch_mark = kvt__cuda_mv_mark,
+    .event_free = kvt__cuda_mv_event_free,
+    .copier_open = kvt__cuda_mv_stream,
+    .copier_close = kvt__cuda_mv_stream_free,
+    .copy = kvt__cuda_mv_copy,
+    .copier_sync = kvt__cuda_mv_sync,
+    .host_pin = kvt__cuda_host_pin,
+    .host_unpin = kvt__cuda_host_unpin,
+    .warm_imp = kvt__cuda_warm_imp,
+    .warm_topk = kvt__cuda_warm_topk,
+};

@@ -12,7 +12,7 @@
 #include "../attn/kernels.h"
 #include "../select/select_int.h"
 #include "../policy/policy_int.h"
-#include "../backend/hooks.h"
+#include "../backend/backend.h"
 #include "../step/step.h"
 
 #endif /* KVTIER_INTERNAL_H */

@@ -85,8 +85,17 @@ typedef struct kvt__owner {
 #define KVT__ID_SLOT_BITS 21
 #define KVT__ID_TAG_BITS 11
 
+/* Backend capabilities and refusals (kvt__backend.caps, lib/backend). */
+#define KVT__BE_DEVICE_REMOTE   (1u << 0) /* device tier and metadata not in host memory */
+#define KVT__BE_NO_PROFILER     (1u << 1) /* steps do not feed a profiler */
+#define KVT__BE_NO_DENSE_TIERED (1u << 2) /* no KVT_STEP_DENSE in a pool with a policy */
+#define KVT__BE_NO_HOST_SELECT  (1u << 3) /* no kvt_select (it reads metadata on the host) */
+
+struct kvt__backend;
 struct kvt_pool {
     kvt_backend backend;
+    const struct kvt__backend *be; /* the backend's table (lib/backend/backend.h) */
+    uint32_t be_caps;       /* be->caps */
     uint32_t tag;           /* 1..2047, from a process-wide counter */
     kvt_geometry g;
     uint32_t n_q_heads;
@@ -162,10 +171,12 @@ static inline bool kvt__has_tier(const kvt_pool *p, uint32_t t)
 {
     return t == KVT_TIER_DISK ? p->disk != NULL : p->tier[t].base != NULL;
 }
-/* A CUDA pool with a host or disk tier: placement runs on the host. */
-static inline bool kvt__cuda_lower(const kvt_pool *p)
+/* A pool whose backend keeps the device tier in its own memory
+ * (KVT__BE_DEVICE_REMOTE) and that has a host or disk tier: the placement
+ * runs on the host, and the selection comes back to it. */
+static inline bool kvt__lower_on_host(const kvt_pool *p)
 {
-    return p->cu && (p->tier[KVT_TIER_HOST].base || p->disk);
+    return (p->be_caps & KVT__BE_DEVICE_REMOTE) && (p->tier[KVT_TIER_HOST].base || p->disk);
 }
 
 /* Sequence storage (seq.c). Looks up a live sequence; KVT_ENOENT for

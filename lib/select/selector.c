@@ -396,7 +396,7 @@ KVT_API int kvt_select(const kvt_selector *sel, const kvt_pool *pool, kvt_seq_id
     rc = kvt__seq_lookup(pool, seq, &s);
     if (rc)
         return rc;
-    if (pool->cu)
+    if (pool->be_caps & KVT__BE_NO_HOST_SELECT)
         return kvt__err(KVT_ENOTSUP, "pool: kvt_select reads the metadata store on the host; "
                         "on the CUDA backend select inside a step (kvt_step_select)");
     if (layer >= pool->g.n_layers)

@@ -10,7 +10,7 @@
 
 #include "../core/store.h"
 #include "../attn/kernels.h"
-#include "../backend/hooks.h"
+#include "../backend/backend.h"
 #include "../policy/policy_int.h"
 #include "../tier/tier.h"
 #include "step_int.h"
@@ -170,16 +170,17 @@ static int kvt__dec_failed(kvt_step *st, uint32_t layer, uint8_t *rnd)
  * others' promotions (a test hook: the ready-first split ran). */
 uint64_t kvt__cuda_ready_first;
 
-/* The CUDA backend's decode. With lower tiers, ready first, as on the CPU:
+/* A backend's decode (CUDA). With lower tiers, ready first, as on the CPU:
  * round 0 places and launches the sequences whose promotions have landed
  * (and empties those whose promotions failed: zeros, -infinity); then
  * round 1 waits on the host for each other sequence's fence and places and
  * launches those, so their copies overlap round 0's kernels. Block lists
  * come from the host tables. */
-static int kvt__cuda_decode(kvt_step *st, uint32_t layer, const float *q, float *out, float *lse)
+static int kvt__be_decode(kvt_step *st, uint32_t layer, const float *q, float *out, float *lse)
 {
-    if (!kvt__cuda_lower(st->pool))
-        return kvt__cuda_step_decode(st, layer, q, out, lse, NULL);
+    const kvt__backend *be = st->pool->be;
+    if (!kvt__lower_on_host(st->pool))
+        return be->step_decode(st, layer, q, out, lse, NULL);
     uint8_t *rnd = st->failed, *run = st->run;
     bool late = false, ready = false, skipped = false;
     for (uint32_t i = 0; i < st->n; i++) {
@@ -189,9 +190,9 @@ static int kvt__cuda_decode(kvt_step *st, uint32_t layer, const float *q, float 
         ready = ready || rnd[i] == 0;
     }
     uint32_t missing = 0, miss1 = 0;
-    int rc = kvt__cuda_step_place(st, layer, run, &missing);
+    int rc = be->step_place(st, layer, run, &missing);
     if (!rc)
-        rc = kvt__cuda_step_decode(st, layer, q, out, lse, run);
+        rc = be->step_decode(st, layer, q, out, lse, run);
     if (!rc && late) {
         kvt__cuda_ready_first += ready; /* round 0 decoded some before the wait */
         for (uint32_t i = 0; i < st->n; i++) {
@@ -202,9 +203,9 @@ static int kvt__cuda_decode(kvt_step *st, uint32_t layer, const float *q, float 
             rnd[i] = (st->fcode[i] || st->wcode[i]) ? 2 : 1;
             run[i] = rnd[i];
         }
-        rc = kvt__cuda_step_place(st, layer, run, &miss1);
+        rc = be->step_place(st, layer, run, &miss1);
         if (!rc)
-            rc = kvt__cuda_step_decode(st, layer, q, out, lse, run);
+            rc = be->step_decode(st, layer, q, out, lse, run);
         missing += miss1;
     }
     for (uint32_t i = 0; i < st->n; i++)
@@ -234,11 +235,11 @@ KVT_API int kvt_sparse_decode(kvt_step *st, uint32_t layer, const float *q, floa
     if (st->sel_layer != layer)
         return kvt__err(KVT_ESTATE, "layer: %u has no selection in this step (call "
                         "kvt_step_select or kvt_attend for it first)", layer);
-    if (st->pool->cu && st->emptied_layer == layer)
+    if (st->pool->be->step_decode && st->emptied_layer == layer)
         return kvt__err(KVT_ESTATE, "layer: %u's decode emptied the sequences whose promotions "
                         "failed; select the layer again before decoding it again", layer);
-    if (st->pool->cu)
-        return kvt__cuda_decode(st, layer, q, out, lse);
+    if (st->pool->be->step_decode)
+        return kvt__be_decode(st, layer, q, out, lse);
     st->layer = layer;
     st->q = q;
     st->out = out;

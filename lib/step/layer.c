@@ -10,7 +10,7 @@
 
 #include "../core/store.h"
 #include "../select/select_int.h"
-#include "../backend/hooks.h"
+#include "../backend/backend.h"
 #include "../policy/policy_int.h"
 #include "../tier/tier.h"
 #include "step_int.h"
@@ -63,15 +63,16 @@ KVT_API int kvt_append(kvt_step *st, uint32_t layer, const void *k, const void *
     if (need > p->meta.n_free)
         return kvt__err(KVT_ENOSPC, "metadata store: %llu pages needed, %u free",
                         (unsigned long long)need, p->meta.n_free);
-    if (p->cu) {
-        /* CUDA: blocks from the host tables, one append kernel for the batch
-         * on the step's stream (task_first holds each sequence's length). */
+    if (p->be->step_append) {
+        /* A backend's append (CUDA): blocks from the host tables, one append
+         * kernel for the batch on the step's stream (task_first holds each
+         * sequence's length). */
         uint32_t *cur = st->task_first;
         for (uint32_t i = 0; i < st->n; i++) {
             cur[i] = st->seqs[i]->n_tokens[layer];
             kvt__append_alloc(p, st->seqs[i], layer, 1);
         }
-        rc = kvt__cuda_step_append(st, layer, k, v, src_dtype, seq_stride, cur);
+        rc = p->be->step_append(st, layer, k, v, src_dtype, seq_stride, cur);
         if (rc) { /* all or nothing: the new pages go back */
             for (uint32_t i = 0; i < st->n; i++)
                 kvt__append_unalloc(p, st->seqs[i], layer, 1);
@@ -358,16 +359,17 @@ int kvt__select(kvt_step *st, uint32_t layer, const float *q)
         return rc;
     const bool dense = (st->flags & KVT_STEP_DENSE) != 0;
     KVT__CHECK_NULL(q);
-    if (st->pool->cu) {
+    const kvt__backend *be = st->pool->be;
+    if (be->step_select) {
         st->sel_layer = KVT__NO_LAYER;
         st->emptied_layer = KVT__NO_LAYER; /* the selection rewrites the items */
         if (st->tiered)
             kvt__settle_orphans(st);
-        rc = kvt__cuda_step_select(st, layer, q);
-        if (!rc && kvt__cuda_lower(st->pool)) {
+        rc = be->step_select(st, layer, q);
+        if (!rc && kvt__lower_on_host(st->pool)) {
             /* Lower tiers: the host places the pages, as on the CPU. */
             const uint32_t *sp = NULL;
-            rc = kvt__cuda_step_fetch(st, layer, &sp);
+            rc = be->step_fetch(st, layer, &sp);
             if (!rc && st->tiered)
                 rc = kvt__recycle(st, layer, sp);
         }
@@ -427,10 +429,10 @@ KVT_API int kvt_step_selection(const kvt_step *st, uint32_t layer, uint32_t seq_
     if (st->sel_layer != layer)
         return kvt__err(KVT_ESTATE, "layer: %u has no selection in this step", layer);
     const size_t ih = (size_t)seq_index * st->H + kv_head;
-    if (st->pool->cu) {
+    if (st->pool->be->step_selection) {
         if (capacity)
             KVT__CHECK_NULL(pages);
-        rc = kvt__cuda_step_selection(st, ih, pages, capacity, n_pages);
+        rc = st->pool->be->step_selection(st, ih, pages, capacity, n_pages);
         if (!rc && reranked)
             *reranked = st->sel_rr[ih];
         return rc;

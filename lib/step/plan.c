@@ -14,7 +14,7 @@
 
 #include "../core/store.h"
 #include "../select/select_int.h"
-#include "../backend/hooks.h"
+#include "../backend/backend.h"
 #include "../policy/policy_int.h"
 #include "../tier/tier.h"
 #include "step.h"
@@ -167,7 +167,7 @@ KVT_API int kvt_step_plan(kvt_pool *pool, const kvt_seq_id *seqs, uint32_t n_seq
         o.policy = pool->pol;
     }
     const bool tiered = pool->pol && !dense;
-    if (dense && pool->pol && pool->cu)
+    if (dense && pool->pol && (pool->be_caps & KVT__BE_NO_DENSE_TIERED))
         return kvt__err(KVT_ENOTSUP, "opts->flags: KVT_STEP_DENSE on a tiered CUDA pool (its "
                         "decode reads device pages only, and stable heads keep most pages "
                         "off the device)");
@@ -185,7 +185,7 @@ KVT_API int kvt_step_plan(kvt_pool *pool, const kvt_seq_id *seqs, uint32_t n_seq
     if (prof && (rc = kvt__geometry_same(kvt__profiler_geometry(prof), &pool->g,
                                          "opts->profiler", "the profiler", "the pool")))
         return rc;
-    if (prof && pool->cu)
+    if (prof && (pool->be_caps & KVT__BE_NO_PROFILER))
         return kvt__err(KVT_ENOTSUP, "opts->profiler: the CUDA backend does not feed a "
                         "profiler in this release (profile on the CPU backend)");
     if (pool->step && pool->step->open)
@@ -417,7 +417,7 @@ KVT_API int kvt_step_plan(kvt_pool *pool, const kvt_seq_id *seqs, uint32_t n_seq
         if (tiered)
             ss[i]->wfence = 0;
     }
-    if (pool->cu && (rc = kvt__cuda_step_plan(st, o.stream)))
+    if (pool->be->step_plan && (rc = pool->be->step_plan(st, o.stream)))
         goto out_free;
     st->open = true;
     pool->step_id++; /* dirty ranges start empty */
@@ -488,8 +488,8 @@ KVT_API int kvt_step_finish(kvt_step *st)
         }
         rc = kvt__place_offload(st->pool, st->seqs, st->ids, st->n, UINT32_MAX, false);
     }
-    if (st->pool->cu) {
-        const int rc2 = kvt__cuda_step_finish(st);
+    if (st->pool->be->step_finish) {
+        const int rc2 = st->pool->be->step_finish(st);
         rc = rc ? rc : rc2;
     }
     for (uint32_t i = 0; i < st->n; i++) {

@@ -99,10 +99,10 @@ void kvt__wake_locked(kvt_mover *m)
     }
 }
 
-static void kvt__batch_free(kvt__batch *b)
+static void kvt__batch_free(const kvt_mover *m, kvt__batch *b)
 {
     if (b && b->cu_ev)
-        kvt__cuda_mv_event_free(b->cu_ev);
+        m->pool->be->event_free(b->cu_ev);
     free(b);
 }
 
@@ -164,14 +164,13 @@ static void *kvt__copy_thread(void *arg)
                 continue;
             }
             if (!cerr && !cs)
-                cerr = kvt__cuda_mv_stream(p, &cs);
+                cerr = p->be->copier_open(p, &cs);
             if (!cerr)
-                cerr = kvt__cuda_mv_copy(p, cs, op->batch->cu_ev, dst, src, (size_t)p->block_bytes,
-                                         true);
+                cerr = p->be->copy(p, cs, op->batch->cu_ev, dst, src, (size_t)p->block_bytes, true);
             queued = true;
         }
         if (queued) { /* even after an error: no copy may still be landing */
-            const int e2 = kvt__cuda_mv_sync(p, cs);
+            const int e2 = p->be->copier_sync(p, cs);
             cerr = cerr ? cerr : e2;
         }
         char cmsg[160] = "";
@@ -202,7 +201,8 @@ static void *kvt__copy_thread(void *arg)
         kvt__wake_locked(m);
     }
     pthread_mutex_unlock(&m->mu);
-    kvt__cuda_mv_stream_free(cs);
+    if (cs)
+        p->be->copier_close(cs);
     return NULL;
 }
 
@@ -284,7 +284,7 @@ void kvt__mover_destroy(kvt_mover *m)
     }
     for (kvt__batch *b = m->batches, *nx; b; b = nx) {
         nx = b->next;
-        kvt__batch_free(b);
+        kvt__batch_free(m, b);
     }
     free(m->copy_th);
     free(m->evict_scratch);
@@ -403,7 +403,7 @@ static void kvt__apply_op(kvt_mover *m, kvt__op *op)
                 *pp = b->next;
                 if (m->batches_tail == &b->next)
                     m->batches_tail = pp;
-                kvt__batch_free(b);
+                kvt__batch_free(m, b);
             }
         }
     }
@@ -442,7 +442,7 @@ static int kvt__fence_state(kvt_mover *m, kvt_fence fence, int *code)
         *pp = b->next;
         if (m->batches_tail == &b->next)
             m->batches_tail = pp;
-        kvt__batch_free(b);
+        kvt__batch_free(m, b);
     } else {
         for (kvt__batch *b = m->batches; b; b = b->next)
             if (b->n_done < b->n)
@@ -462,7 +462,7 @@ static int kvt__fence_state(kvt_mover *m, kvt_fence fence, int *code)
                 memcpy(msg, b->msg, sizeof msg);
             }
             *pp = b->next;
-            kvt__batch_free(b);
+            kvt__batch_free(m, b);
         }
         m->batches_tail = pp;
     }

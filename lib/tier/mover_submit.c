@@ -335,10 +335,10 @@ int kvt__mover_submit(kvt_mover *m, const kvt_move *moves, uint32_t n, uint32_t 
      * GPU after the work queued so far (appends that wrote the pages,
      * decodes that read a block now handed over). */
     bool dev_io = false;
-    for (uint32_t i = 0; i < n && p->cu && !dev_io; i++)
+    for (uint32_t i = 0; i < n && p->be->batch_mark && !dev_io; i++)
         dev_io = b->ops[i].kind != KVT__OP_NOP &&
                  (b->ops[i].from == KVT_TIER_DEVICE || b->ops[i].to == KVT_TIER_DEVICE);
-    if (dev_io && (rc = kvt__cuda_mv_mark(p, &b->cu_ev))) {
+    if (dev_io && (rc = p->be->batch_mark(p, &b->cu_ev))) {
         free(io);
         kvt__unbusy(p, b, n);
         free(b);

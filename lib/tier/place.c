@@ -396,8 +396,8 @@ int kvt__place_warmup(kvt_pool *pool, kvt__seq *s, kvt_seq_id seq, const float *
 
     /* Every stable head's importance: on the GPU for a CUDA pool (the
      * metadata is there; the many queries make it a matrix product). */
-    if (pool->cu) {
-        rc = kvt__cuda_warm_imp(pool, s, obs_queries, n_obs, imp_all, np_max);
+    if (pool->be->warm_imp) {
+        rc = pool->be->warm_imp(pool, s, obs_queries, n_obs, imp_all, np_max);
     } else {
         for (uint32_t l = 0; l < L; l++) {
             const uint32_t np = kvt__pages_for(pool, s->n_tokens[l]);
@@ -478,7 +478,7 @@ int kvt__place_warmup(kvt_pool *pool, kvt__seq *s, kvt_seq_id seq, const float *
     free(mem);
     /* CUDA: the steps reuse the top-K sets from the GPU's copy. Without
      * them the first steps rerank; the placement goes on. */
-    if (!rc && pool->cu && kvt__cuda_warm_topk(pool, s)) {
+    if (!rc && pool->be->warm_topk && pool->be->warm_topk(pool, s)) {
         for (size_t lh = 0; lh < (size_t)L * H; lh++)
             if (kvt__stable(pool, lh))
                 s->topk_k[lh] = 0;

@@ -3,7 +3,7 @@
 #define KVTIER_TIER_H
 
 #include "../core/store.h"
-#include "../backend/hooks.h"
+#include "../backend/backend.h"
 
 /* ---- disk tier (disk.c) ----------------------------------------------------
  * One file, cut into page slots (a block rounded up to the 4 KiB O_DIRECT
@@ -98,7 +98,7 @@ typedef struct kvt__batch {
     bool detached;             /* KVT__OPF_DETACH */
     bool owned;                /* KVT__OPF_OWNED */
     int32_t *results;
-    void *cu_ev;               /* CUDA pools: the batch's device-side start (kvt__cuda_mv_mark) */
+    void *cu_ev;               /* the batch's device-side start (be->batch_mark) */
     char msg[192];             /* the first failure, in words */
     kvt__op ops[];
 } kvt__batch;

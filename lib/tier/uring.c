@@ -49,7 +49,8 @@ int kvt__uring_init(kvt_mover *m)
     m->stage = st;
     /* CUDA pools: pinned for the GPU too, so staging <-> device copies are
      * DMA that does not block the I/O thread (unpinned they still work). */
-    if (m->pool->cu && !(m->stage_pinned = kvt__cuda_host_pin(m->pool, st, m->stage_map) == 0))
+    if (m->pool->be->host_pin &&
+        !(m->stage_pinned = m->pool->be->host_pin(m->pool, st, m->stage_map) == 0))
         kvt_clear_error();
     m->units = calloc(m->n_units, sizeof *m->units);
     m->unit_ops = calloc((size_t)m->n_units * per, sizeof *m->unit_ops);
@@ -101,7 +102,7 @@ void kvt__uring_fini(kvt_mover *m)
         m->ring = NULL;
     }
     if (m->stage && m->stage_pinned)
-        kvt__cuda_host_unpin(m->pool, m->stage);
+        m->pool->be->host_unpin(m->pool, m->stage);
     m->stage_pinned = false;
     if (m->stage)
         munmap(m->stage, m->stage_map);
@@ -158,7 +159,7 @@ int kvt__mover_fault(kvt_mover *m, bool write, uint32_t kind, uint64_t nth)
 
 /* A copy between a staging buffer and a block: through the I/O thread's
  * CUDA copier when the block is in a CUDA pool's device tier (after the
- * batch's event; kvt__cuda_mv_sync issues and completes it; the kernel
+ * batch's event; the backend's copier_sync issues and completes it; the kernel
  * serves it when the staging is pinned), else memcpy. */
 static int kvt__stage_copy(kvt_mover *m, const kvt__op *op, uint32_t tier, void *dst,
                            const void *src, bool *queued)
@@ -168,10 +169,10 @@ static int kvt__stage_copy(kvt_mover *m, const kvt__op *op, uint32_t tier, void 
         memcpy(dst, src, p->disk->block_bytes);
         return 0;
     }
-    int rc = m->io_cs ? 0 : kvt__cuda_mv_stream(p, &m->io_cs);
+    int rc = m->io_cs ? 0 : p->be->copier_open(p, &m->io_cs);
     if (!rc)
-        rc = kvt__cuda_mv_copy(p, m->io_cs, op->batch->cu_ev, dst, src, p->disk->block_bytes,
-                               m->stage_pinned);
+        rc = p->be->copy(p, m->io_cs, op->batch->cu_ev, dst, src, p->disk->block_bytes,
+                         m->stage_pinned);
     *queued = true;
     return rc;
 }
@@ -192,7 +193,7 @@ static int kvt__stage_write(kvt_mover *m, kvt__iou *u)
                              kvt__arena_block(&p->tier[op->src_tier], op->src_blk), &queued);
     }
     if (queued) { /* even after an error: nothing may still be landing */
-        const int e2 = kvt__cuda_mv_sync(p, m->io_cs);
+        const int e2 = p->be->copier_sync(p, m->io_cs);
         rc = rc ? rc : e2;
     }
     if (rc)
@@ -271,7 +272,7 @@ static void kvt__unit_done(kvt_mover *m, kvt__iou *u, int32_t code, int err)
             op->status = s;
     }
     if (queued) { /* the staging buffer and the blocks are reused once it is done */
-        const int e2 = kvt__cuda_mv_sync(p, m->io_cs);
+        const int e2 = p->be->copier_sync(p, m->io_cs);
         cerr = cerr ? cerr : e2;
     }
     if (cerr)
@@ -468,7 +469,8 @@ void *kvt__uring_thread(void *arg)
         pthread_mutex_lock(&m->mu);
     }
     pthread_mutex_unlock(&m->mu);
-    kvt__cuda_mv_stream_free(m->io_cs);
+    if (m->io_cs)
+        m->pool->be->copier_close(m->io_cs);
     m->io_cs = NULL;
     return NULL;
 }
