@@ -253,10 +253,18 @@ TEST_CFLAGS = -std=c11 -D_GNU_SOURCE -Iinclude -Ilib/core $(WARN) -Wno-conversio
               -DKVT_TEST_EXPECT_CUDA=$(CUDA) \
               $(SANFLAGS) $(CMOCKA_CFLAGS) $(CFLAGS)
 
+# Test helpers (tests/tiertest.c, tests/placetest.c): compiled into each test
+# that includes their header, with that test's flags (-DKVT_FAULT_INJECTION
+# for the fault tests); the recipes compile every .c prerequisite.
+TIERTEST_SRCS  := tests/tiertest.c
+PLACETEST_SRCS := tests/placetest.c $(TIERTEST_SRCS)
+$(O)/tests/test_mover $(O)/tests/test_mover_faults: $(TIERTEST_SRCS)
+$(O)/tests/test_place $(O)/tests/test_place_faults: $(PLACETEST_SRCS)
+
 $(addprefix $(O)/tests/,$(TESTS_SHARED)): $(O)/tests/%: tests/%.c tests/testutil.h tests/tiertest.h \
                                            tests/placetest.h $(LIB_SO)
 	@mkdir -p $(dir $@)
-	$(CC) $(TEST_CFLAGS) $(TEST_EXTRA) $< -o $@ -L$(O)/lib -lkvtier \
+	$(CC) $(TEST_CFLAGS) $(TEST_EXTRA) $(filter %.c,$^) -o $@ -L$(O)/lib -lkvtier \
 	  -Wl,-rpath,'$$ORIGIN/../lib' $(CMOCKA_LIBS) $(LDFLAGS) -lm
 
 $(addprefix $(O)/tests/,$(TESTS_STATIC)): $(O)/tests/%: tests/%.c tests/testutil.h $(LIB_A)
@@ -266,8 +274,8 @@ $(addprefix $(O)/tests/,$(TESTS_STATIC)): $(O)/tests/%: tests/%.c tests/testutil
 $(addprefix $(O)/tests/,$(TESTS_FAULT)): $(O)/tests/%: tests/%.c tests/testutil.h tests/tiertest.h \
                                           tests/placetest.h $(O)/lib/libkvtier-fault.a
 	@mkdir -p $(dir $@)
-	$(CC) $(TEST_CFLAGS) -DKVT_FAULT_INJECTION $< -o $@ $(O)/lib/libkvtier-fault.a $(CMOCKA_LIBS) \
-	  $(LIB_LDLIBS) $(LDFLAGS)
+	$(CC) $(TEST_CFLAGS) -DKVT_FAULT_INJECTION $(filter %.c,$^) -o $@ $(O)/lib/libkvtier-fault.a \
+	  $(CMOCKA_LIBS) $(LIB_LDLIBS) $(LDFLAGS)
 
 $(O)/tests/test_gguf: tests/test_gguf.c tests/gguf_writer.h examples/decode/gguf.c \
                      examples/decode/gguf.h

@@ -4,80 +4,74 @@
  * tiers, directory errors, two pools in one directory, destroy and release
  * while moves are in flight. The reference is the f16 bit patterns the test
  * appended (f16 -> f16 storage is the identity). */
+#include <stdbool.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include "tiertest.h"
 
 /* ---- a fixed round trip ---------------------------------------------------- */
 static void test_round_trip(void **state)
 {
     (void)state;
-    kvt_mover_opts mo;
-    TU_OK(kvt_mover_opts_init(&mo));
-    mo.extent_pages = 4;
-    mo.segment_extents = 2;
-    kvt_pool_opts o = disk_opts(64, 32, 4u << 20, &mo);
-    kvt_pool *p;
-    TU_OK(kvt_pool_create(&p, &o));
-    kvt_mover *m = mover_of(p);
-    tu_rng r = {7};
-    tseq t;
-    tseq_init(&t);
-    TU_OK(kvt_seq_create(p, NULL, &t.id));
-    tseq_append(p, &t, 5 * P + 3, &r); /* 5 full pages and a partial one per head */
+    const kvt_mover_opts mo = tier_mover_opts(4, 2);
+    tier_fx fx;
+    tier_fx_open(&fx, 64, 32, 4u << 20, &mo, 7);
+    tseq *t = tier_fx_add(&fx, 5 * PAGE_TOKENS + 3); /* 5 full pages and a partial one per head */
 
     const kvt_tier path[][2] = {{KVT_TIER_DEVICE, KVT_TIER_HOST},
                                 {KVT_TIER_HOST, KVT_TIER_DISK},
                                 {KVT_TIER_DISK, KVT_TIER_HOST},
                                 {KVT_TIER_HOST, KVT_TIER_DEVICE}};
     for (int hop = 0; hop < 4; hop++) {
-        kvt_move mv[L * H * 5];
-        int32_t res[L * H * 5];
+        kvt_move mv[N_LAYERS * N_KV_HEADS * 5];
+        int32_t res[N_LAYERS * N_KV_HEADS * 5];
         uint32_t n = 0;
-        for (uint32_t l = 0; l < L; l++)
-            for (uint32_t h = 0; h < H; h++)
+        for (uint32_t l = 0; l < N_LAYERS; l++)
+            for (uint32_t h = 0; h < N_KV_HEADS; h++)
                 for (uint32_t pg = 0; pg < 5; pg++)
-                    mv[n++] = (kvt_move){t.id, l, h, pg, path[hop][0], path[hop][1],
+                    mv[n++] = (kvt_move){t->id, l, h, pg, path[hop][0], path[hop][1],
                                          KVT_MOVE_DROP_SOURCE};
         kvt_fence f;
         memset(res, 0x7f, sizeof res);
-        TU_OK(kvt_mover_submit(m, mv, n, 0, res, &f));
+        TU_OK(kvt_mover_submit(fx.m, mv, n, 0, res, &f));
         assert_true(f > 0);
-        TU_OK(kvt_mover_wait(m, f, UINT64_MAX));
+        TU_OK(kvt_mover_wait(fx.m, f, UINT64_MAX));
         for (uint32_t i = 0; i < n; i++) {
             assert_int_equal(res[i], 0);
             uint8_t want = (uint8_t)(1u << path[hop][1]);
-            assert_int_equal(residency(p, t.id, mv[i].layer, mv[i].kv_head, mv[i].page), want);
+            assert_int_equal(residency(fx.p, t->id, mv[i].layer, mv[i].kv_head, mv[i].page), want);
         }
-        TU_CHECK(p);
-        tseq_verify(p, &t); /* hop 2 reads the disk-only pages synchronously */
+        TU_CHECK(fx.p);
+        tseq_verify(fx.p, t); /* hop 2 reads the disk-only pages synchronously */
         /* The same fence again: reported already, 0. */
-        TU_OK(kvt_mover_poll(m, f));
+        TU_OK(kvt_mover_poll(fx.m, f));
     }
     /* The partial last page never left the device. */
-    assert_int_equal(residency(p, t.id, 0, 0, 5), KVT_RES_DEVICE);
+    assert_int_equal(residency(fx.p, t->id, 0, 0, 5), KVT_RES_DEVICE);
 
     kvt_stats st = {.struct_size = sizeof st};
-    TU_OK(kvt_pool_stats(p, &st));
-    const uint64_t n = L * H * 5, bb = st.block_bytes;
+    TU_OK(kvt_pool_stats(fx.p, &st));
+    const uint64_t n = N_LAYERS * N_KV_HEADS * 5, bb = st.block_bytes;
     assert_int_equal(st.moved_requests[KVT_DIR_DEVICE_TO_HOST], n);
     assert_int_equal(st.moved_requests[KVT_DIR_HOST_TO_DISK], n);
     assert_int_equal(st.moved_requests[KVT_DIR_DISK_TO_HOST], n);
     assert_int_equal(st.moved_requests[KVT_DIR_HOST_TO_DEVICE], n);
     assert_int_equal(st.moved_bytes[KVT_DIR_HOST_TO_DISK], n * bb);
     kvt_mover_stats ms = {.struct_size = sizeof ms};
-    TU_OK(kvt_mover_stats_get(m, &ms));
+    TU_OK(kvt_mover_stats_get(fx.m, &ms));
     assert_int_equal(ms.moves_in_flight, 0);
     assert_int_equal(ms.disk_read_bytes, n * bb);
     assert_int_equal(ms.disk_write_bytes, n * bb);
     assert_int_equal(ms.checksum_errors + ms.io_errors, 0);
     /* Five pages of one (seq, layer, head) sit in two 4-page extents; with
      * the extents adjacent they coalesce: at most 2 requests per head. */
-    assert_true(ms.disk_reads <= 2 * L * H);
-    assert_true(ms.disk_writes <= 2 * L * H);
+    assert_true(ms.disk_reads <= 2 * N_LAYERS * N_KV_HEADS);
+    assert_true(ms.disk_writes <= 2 * N_LAYERS * N_KV_HEADS);
 
-    TU_OK(kvt_seq_release(p, t.id));
-    TU_CHECK(p);
-    kvt_pool_destroy(p);
-    tseq_free(&t);
+    TU_OK(kvt_seq_release(fx.p, t->id));
+    TU_CHECK(fx.p);
+    tier_fx_close(&fx);
     assert_int_equal(count_dir_entries(), 0);
 }
 
@@ -129,61 +123,51 @@ static void test_small_pages(void **state)
 static void test_random_workload(void **state)
 {
     (void)state;
-    kvt_mover_opts mo;
-    TU_OK(kvt_mover_opts_init(&mo));
-    mo.extent_pages = 4;
-    mo.segment_extents = 2;
+    kvt_mover_opts mo = tier_mover_opts(4, 2);
     mo.queue_depth = 8;
     mo.max_io_bytes = 32 << 10;
     mo.copy_threads = 2;
-    kvt_pool_opts o = disk_opts(400, 40, 6u << 20, &mo);
-    kvt_pool *p;
-    TU_OK(kvt_pool_create(&p, &o));
-    kvt_mover *m = mover_of(p);
-    tu_rng r = {2024};
+    tier_fx fx;
+    tier_fx_open(&fx, 400, 40, 6u << 20, &mo, 2024);
     enum { NS = 3 };
-    tseq t[NS];
-    for (int i = 0; i < NS; i++) {
-        tseq_init(&t[i]);
-        TU_OK(kvt_seq_create(p, NULL, &t[i].id));
-        tseq_append(p, &t[i], 1 + tu_below(&r, 6 * P), &r);
-    }
+    for (int i = 0; i < NS; i++)
+        tier_fx_add(&fx, 1 + tu_below(&fx.r, 6 * PAGE_TOKENS));
     uint32_t refused = 0, done = 0;
     for (int step = 0; step < 300; step++) {
-        int what = (int)tu_below(&r, 10);
+        int what = (int)tu_below(&fx.r, 10);
         if (what == 0) { /* grow a sequence */
-            tseq *s = &t[tu_below(&r, NS)];
-            uint32_t add = 1 + tu_below(&r, 2 * P);
+            tseq *s = &fx.t[tu_below(&fx.r, NS)];
+            uint32_t add = 1 + tu_below(&fx.r, 2 * PAGE_TOKENS);
             if (s->n + add <= MAXTOK)
-                tseq_append(p, s, add, &r);
+                tseq_append(fx.p, s, add, &fx.r);
         } else if (what == 1 && step % 7 == 0) { /* replace a sequence */
-            tseq *s = &t[tu_below(&r, NS)];
-            TU_OK(kvt_seq_release(p, s->id));
+            tseq *s = &fx.t[tu_below(&fx.r, NS)];
+            TU_OK(kvt_seq_release(fx.p, s->id));
             s->n = 0;
-            TU_OK(kvt_seq_create(p, NULL, &s->id));
-            tseq_append(p, s, 1 + tu_below(&r, 4 * P), &r);
+            TU_OK(kvt_seq_create(fx.p, NULL, &s->id));
+            tseq_append(fx.p, s, 1 + tu_below(&fx.r, 4 * PAGE_TOKENS), &fx.r);
         } else { /* a batch of moves */
             kvt_move mv[24];
-            uint32_t n = random_batch(p, t, NS, &r, mv, NULL, 24);
+            uint32_t n = random_batch(fx.p, fx.t, NS, &fx.r, mv, NULL, 24);
             int32_t out[24];
             kvt_fence f;
-            int rc = kvt_mover_submit(m, mv, n, tu_below(&r, 4) == 0 ? KVT_SUBMIT_URGENT : 0,
+            int rc = kvt_mover_submit(fx.m, mv, n, tu_below(&fx.r, 4) == 0 ? KVT_SUBMIT_URGENT : 0,
                                       out, &f);
             if (rc == KVT_ENOSPC) {
                 refused++; /* a full tier: nothing happened */
             } else {
                 assert_int_equal(rc, 0);
-                if (tu_below(&r, 3) == 0) {
+                if (tu_below(&fx.r, 3) == 0) {
                     int prc;
-                    while ((prc = kvt_mover_poll(m, f)) == KVT_EAGAIN)
-                        TU_CHECK(p); /* consistent while moves are in flight */
+                    while ((prc = kvt_mover_poll(fx.m, f)) == KVT_EAGAIN)
+                        TU_CHECK(fx.p); /* consistent while moves are in flight */
                     assert_int_equal(prc, 0);
                 } else {
-                    TU_OK(kvt_mover_wait(m, f, UINT64_MAX));
+                    TU_OK(kvt_mover_wait(fx.m, f, UINT64_MAX));
                 }
                 for (uint32_t i = 0; i < n; i++) {
                     assert_int_equal(out[i], 0);
-                    uint8_t res = residency(p, mv[i].seq, mv[i].layer, mv[i].kv_head,
+                    uint8_t res = residency(fx.p, mv[i].seq, mv[i].layer, mv[i].kv_head,
                                             mv[i].page);
                     assert_true(res & (1u << mv[i].to));
                     if (mv[i].flags & KVT_MOVE_DROP_SOURCE)
@@ -192,96 +176,88 @@ static void test_random_workload(void **state)
                 done += n;
             }
         }
-        TU_CHECK(p);
+        TU_CHECK(fx.p);
         if (step % 25 == 0)
             for (int i = 0; i < NS; i++)
-                tseq_verify(p, &t[i]);
+                tseq_verify(fx.p, &fx.t[i]);
     }
     for (int i = 0; i < NS; i++)
-        tseq_verify(p, &t[i]);
+        tseq_verify(fx.p, &fx.t[i]);
     assert_true(done > 1000); /* the workload really moved pages */
     (void)refused;
     kvt_mover_stats ms = {.struct_size = sizeof ms};
-    TU_OK(kvt_mover_stats_get(m, &ms));
+    TU_OK(kvt_mover_stats_get(fx.m, &ms));
     assert_true(ms.disk_reads > 0 && ms.disk_writes > 0);
-    kvt_pool_destroy(p);
-    for (int i = 0; i < NS; i++)
-        tseq_free(&t[i]);
+    tier_fx_close(&fx);
 }
 
 /* ---- bad input -------------------------------------------------------------- */
 static void test_bad_input(void **state)
 {
     (void)state;
-    kvt_pool_opts o = disk_opts(64, 16, 16u << 20, NULL);
-    kvt_pool *p;
-    TU_OK(kvt_pool_create(&p, &o));
-    kvt_mover *m = mover_of(p);
-    tu_rng r = {3};
-    tseq t;
-    tseq_init(&t);
-    TU_OK(kvt_seq_create(p, NULL, &t.id));
-    tseq_append(p, &t, 2 * P + 1, &r);
+    tier_fx fx;
+    tier_fx_open(&fx, 64, 16, 16u << 20, NULL, 3);
+    const kvt_seq_id id = tier_fx_add(&fx, 2 * PAGE_TOKENS + 1)->id;
     kvt_fence f = 99;
-    kvt_move ok = {t.id, 0, 0, 0, KVT_TIER_DEVICE, KVT_TIER_HOST, 0};
+    kvt_move ok = {id, 0, 0, 0, KVT_TIER_DEVICE, KVT_TIER_HOST, 0};
     kvt_move mv;
 
-    TU_EXPECT_ERR(kvt_pool_mover(NULL, &m), KVT_EINVAL, "pool");
-    assert_null(m); /* cleared on failure */
-    m = mover_of(p);
-    TU_EXPECT_ERR(kvt_pool_mover(p, NULL), KVT_EINVAL, "out");
+    TU_EXPECT_ERR(kvt_pool_mover(NULL, &fx.m), KVT_EINVAL, "pool");
+    assert_null(fx.m); /* cleared on failure */
+    fx.m = mover_of(fx.p);
+    TU_EXPECT_ERR(kvt_pool_mover(fx.p, NULL), KVT_EINVAL, "out");
     TU_EXPECT_ERR(kvt_mover_submit(NULL, &ok, 1, 0, NULL, &f), KVT_EINVAL, "mover");
-    TU_EXPECT_ERR(kvt_mover_submit(m, &ok, 1, 0, NULL, NULL), KVT_EINVAL, "fence");
-    TU_EXPECT_ERR(kvt_mover_submit(m, NULL, 1, 0, NULL, &f), KVT_EINVAL, "moves");
-    TU_EXPECT_ERR(kvt_mover_submit(m, &ok, 1, 0x10, NULL, &f), KVT_EINVAL, "flags");
+    TU_EXPECT_ERR(kvt_mover_submit(fx.m, &ok, 1, 0, NULL, NULL), KVT_EINVAL, "fence");
+    TU_EXPECT_ERR(kvt_mover_submit(fx.m, NULL, 1, 0, NULL, &f), KVT_EINVAL, "moves");
+    TU_EXPECT_ERR(kvt_mover_submit(fx.m, &ok, 1, 0x10, NULL, &f), KVT_EINVAL, "flags");
     assert_int_equal(f, 0);
-    mv = ok; mv.layer = L;
-    TU_EXPECT_ERR(kvt_mover_submit(m, &mv, 1, 0, NULL, &f), KVT_EINVAL, "moves[0].layer");
-    mv = ok; mv.kv_head = H;
-    TU_EXPECT_ERR(kvt_mover_submit(m, &mv, 1, 0, NULL, &f), KVT_EINVAL, "moves[0].kv_head");
+    mv = ok; mv.layer = N_LAYERS;
+    TU_EXPECT_ERR(kvt_mover_submit(fx.m, &mv, 1, 0, NULL, &f), KVT_EINVAL, "moves[0].layer");
+    mv = ok; mv.kv_head = N_KV_HEADS;
+    TU_EXPECT_ERR(kvt_mover_submit(fx.m, &mv, 1, 0, NULL, &f), KVT_EINVAL, "moves[0].kv_head");
     mv = ok; mv.page = 2; /* the partial last page */
-    TU_EXPECT_ERR(kvt_mover_submit(m, &mv, 1, 0, NULL, &f), KVT_EINVAL, "partially filled");
+    TU_EXPECT_ERR(kvt_mover_submit(fx.m, &mv, 1, 0, NULL, &f), KVT_EINVAL, "partially filled");
     mv = ok; mv.page = 3;
-    TU_EXPECT_ERR(kvt_mover_submit(m, &mv, 1, 0, NULL, &f), KVT_EINVAL, "moves[0].page");
+    TU_EXPECT_ERR(kvt_mover_submit(fx.m, &mv, 1, 0, NULL, &f), KVT_EINVAL, "moves[0].page");
     mv = ok; mv.to = 7;
-    TU_EXPECT_ERR(kvt_mover_submit(m, &mv, 1, 0, NULL, &f), KVT_EINVAL, "moves[0].to");
+    TU_EXPECT_ERR(kvt_mover_submit(fx.m, &mv, 1, 0, NULL, &f), KVT_EINVAL, "moves[0].to");
     mv = ok; mv.from = 5;
-    TU_EXPECT_ERR(kvt_mover_submit(m, &mv, 1, 0, NULL, &f), KVT_EINVAL, "moves[0].from");
+    TU_EXPECT_ERR(kvt_mover_submit(fx.m, &mv, 1, 0, NULL, &f), KVT_EINVAL, "moves[0].from");
     mv = ok; mv.to = KVT_TIER_DEVICE;
-    TU_EXPECT_ERR(kvt_mover_submit(m, &mv, 1, 0, NULL, &f), KVT_EINVAL, "equals from");
+    TU_EXPECT_ERR(kvt_mover_submit(fx.m, &mv, 1, 0, NULL, &f), KVT_EINVAL, "equals from");
     mv = ok; mv.flags = 0x100;
-    TU_EXPECT_ERR(kvt_mover_submit(m, &mv, 1, 0, NULL, &f), KVT_EINVAL, "moves[0].flags");
+    TU_EXPECT_ERR(kvt_mover_submit(fx.m, &mv, 1, 0, NULL, &f), KVT_EINVAL, "moves[0].flags");
     mv = ok; mv.from = KVT_TIER_HOST; mv.to = KVT_TIER_DEVICE;
-    TU_EXPECT_ERR(kvt_mover_submit(m, &mv, 1, 0, NULL, &f), KVT_ESTATE, "moves[0].from");
-    mv = ok; mv.seq = t.id + 1;
-    TU_EXPECT_ERR(kvt_mover_submit(m, &mv, 1, 0, NULL, &f), KVT_ENOENT, "moves[0].seq");
+    TU_EXPECT_ERR(kvt_mover_submit(fx.m, &mv, 1, 0, NULL, &f), KVT_ESTATE, "moves[0].from");
+    mv = ok; mv.seq = id + 1;
+    TU_EXPECT_ERR(kvt_mover_submit(fx.m, &mv, 1, 0, NULL, &f), KVT_ENOENT, "moves[0].seq");
     /* The same page twice in one batch; the second move refused, the first
      * undone: nothing is left busy. */
     kvt_move two[2] = {ok, ok};
-    TU_EXPECT_ERR(kvt_mover_submit(m, two, 2, 0, NULL, &f), KVT_EBUSY, "moves[1]");
-    TU_CHECK(p);
-    TU_OK(kvt_mover_submit(m, two, 1, 0, NULL, &f));
-    TU_OK(kvt_mover_wait(m, f, UINT64_MAX));
+    TU_EXPECT_ERR(kvt_mover_submit(fx.m, two, 2, 0, NULL, &f), KVT_EBUSY, "moves[1]");
+    TU_CHECK(fx.p);
+    TU_OK(kvt_mover_submit(fx.m, two, 1, 0, NULL, &f));
+    TU_OK(kvt_mover_wait(fx.m, f, UINT64_MAX));
     /* Fences: 0 and future ones are unknown. */
-    TU_EXPECT_ERR(kvt_mover_poll(m, 0), KVT_EINVAL, "fence");
-    TU_EXPECT_ERR(kvt_mover_wait(m, f + 1, 0), KVT_EINVAL, "fence");
+    TU_EXPECT_ERR(kvt_mover_poll(fx.m, 0), KVT_EINVAL, "fence");
+    TU_EXPECT_ERR(kvt_mover_wait(fx.m, f + 1, 0), KVT_EINVAL, "fence");
     TU_EXPECT_ERR(kvt_mover_poll(NULL, f), KVT_EINVAL, "mover");
     TU_EXPECT_ERR(kvt_mover_wait(NULL, f, 0), KVT_EINVAL, "mover");
     /* An empty batch is complete at once. */
-    TU_OK(kvt_mover_submit(m, NULL, 0, 0, NULL, &f));
-    TU_OK(kvt_mover_poll(m, f));
-    TU_OK(kvt_mover_wait(m, KVT_FENCE_ALL, 0));
+    TU_OK(kvt_mover_submit(fx.m, NULL, 0, 0, NULL, &f));
+    TU_OK(kvt_mover_poll(fx.m, f));
+    TU_OK(kvt_mover_wait(fx.m, KVT_FENCE_ALL, 0));
 
     /* Stats and path arguments. */
     kvt_mover_stats ms = {.struct_size = 8};
-    TU_EXPECT_ERR(kvt_mover_stats_get(m, &ms), KVT_EINVAL, "struct_size");
+    TU_EXPECT_ERR(kvt_mover_stats_get(fx.m, &ms), KVT_EINVAL, "struct_size");
     TU_EXPECT_ERR(kvt_mover_stats_get(NULL, &ms), KVT_EINVAL, "mover");
-    TU_EXPECT_ERR(kvt_mover_stats_get(m, NULL), KVT_EINVAL, "stats");
+    TU_EXPECT_ERR(kvt_mover_stats_get(fx.m, NULL), KVT_EINVAL, "stats");
     char path[512];
     size_t len = 0;
-    TU_EXPECT_ERR(kvt_pool_disk_path(p, path, 4, &len), KVT_ERANGE, "cap");
+    TU_EXPECT_ERR(kvt_pool_disk_path(fx.p, path, 4, &len), KVT_ERANGE, "cap");
     assert_true(len > 4);
-    TU_OK(kvt_pool_disk_path(p, path, sizeof path, &len));
+    TU_OK(kvt_pool_disk_path(fx.p, path, sizeof path, &len));
     assert_int_equal(strlen(path), len);
     assert_memory_equal(path, g_dir, strlen(g_dir));
     TU_EXPECT_ERR(kvt_pool_disk_path(NULL, path, sizeof path, &len), KVT_EINVAL, "pool");
@@ -293,29 +269,31 @@ static void test_bad_input(void **state)
     kvt_mover_opts mo = KVT_MOVER_OPTS_INIT;
     assert_int_equal(mo.struct_size, sizeof mo);
     kvt_pool *q = NULL;
-    o.mover = &mo;
+    fx.o.mover = &mo;
     mo.queue_depth = 5000;
-    TU_EXPECT_ERR(kvt_pool_create(&q, &o), KVT_EINVAL, "queue_depth");
+    TU_EXPECT_ERR(kvt_pool_create(&q, &fx.o), KVT_EINVAL, "queue_depth");
     mo.queue_depth = 0;
     mo.flags = 0x80;
-    TU_EXPECT_ERR(kvt_pool_create(&q, &o), KVT_EINVAL, "mover->flags");
+    TU_EXPECT_ERR(kvt_pool_create(&q, &fx.o), KVT_EINVAL, "mover->flags");
     mo.flags = 0;
     mo.struct_size = 3;
-    TU_EXPECT_ERR(kvt_pool_create(&q, &o), KVT_EINVAL, "struct_size");
+    TU_EXPECT_ERR(kvt_pool_create(&q, &fx.o), KVT_EINVAL, "struct_size");
     assert_null(q);
 
-    kvt_pool_destroy(p);
-    tseq_free(&t);
+    tier_fx_close(&fx);
 
     /* A pool without a disk tier has a mover too (device <-> host). */
-    o = tu_opts(L, H, H, D, P, KVT_DTYPE_F16, 16, 16);
+    kvt_pool_opts o =
+        tu_opts(N_LAYERS, N_KV_HEADS, N_KV_HEADS, HEAD_DIM, PAGE_TOKENS, KVT_DTYPE_F16, 16, 16);
+    kvt_pool *p;
     TU_OK(kvt_pool_create(&p, &o));
     TU_EXPECT_ERR(kvt_pool_disk_path(p, path, sizeof path, NULL), KVT_ENOENT, "disk");
-    m = mover_of(p);
+    kvt_mover *m = mover_of(p);
+    tseq t;
     TU_OK(kvt_seq_create(p, NULL, &t.id));
     tseq_init(&t);
     TU_OK(kvt_seq_create(p, NULL, &t.id));
-    tseq_append(p, &t, P, &r);
+    tseq_append(p, &t, PAGE_TOKENS, &fx.r);
     mv = ok; mv.seq = t.id; mv.to = KVT_TIER_DISK;
     TU_EXPECT_ERR(kvt_mover_submit(m, &mv, 1, 0, NULL, &f), KVT_EINVAL, "no such tier");
     kvt_mover_stats ms2 = {.struct_size = sizeof ms2};
@@ -329,60 +307,53 @@ static void test_bad_input(void **state)
 static void test_host_eviction(void **state)
 {
     (void)state;
-    kvt_pool_opts o = disk_opts(128, 17, 16u << 20, NULL); /* 16 usable host blocks */
-    kvt_pool *p;
-    TU_OK(kvt_pool_create(&p, &o));
-    kvt_mover *m = mover_of(p);
-    tu_rng r = {11};
-    tseq t;
-    tseq_init(&t);
-    TU_OK(kvt_seq_create(p, NULL, &t.id));
-    tseq_append(p, &t, 24 * P, &r); /* 24 full pages per head */
+    tier_fx fx;
+    tier_fx_open(&fx, 128, 17, 16u << 20, NULL, 11); /* 16 usable host blocks */
+    tseq *t = tier_fx_add(&fx, 24 * PAGE_TOKENS); /* 24 full pages per head */
     kvt_move mv[24];
     kvt_fence f;
     /* Layer 0 head 0: every page to disk only. */
     for (uint32_t i = 0; i < 24; i++)
-        mv[i] = (kvt_move){t.id, 0, 0, i, KVT_TIER_DEVICE, KVT_TIER_DISK, KVT_MOVE_DROP_SOURCE};
-    TU_OK(kvt_mover_submit(m, mv, 24, 0, NULL, &f));
-    TU_OK(kvt_mover_wait(m, f, UINT64_MAX));
+        mv[i] = (kvt_move){t->id, 0, 0, i, KVT_TIER_DEVICE, KVT_TIER_DISK, KVT_MOVE_DROP_SOURCE};
+    TU_OK(kvt_mover_submit(fx.m, mv, 24, 0, NULL, &f));
+    TU_OK(kvt_mover_wait(fx.m, f, UINT64_MAX));
     /* Fetch pages 0..7, then 8..15: the host tier is full. */
     for (int b = 0; b < 2; b++) {
         for (uint32_t i = 0; i < 8; i++)
-            mv[i] = (kvt_move){t.id, 0, 0, 8u * b + i, KVT_TIER_DISK, KVT_TIER_HOST, 0};
-        TU_OK(kvt_mover_submit(m, mv, 8, 0, NULL, &f));
-        TU_OK(kvt_mover_wait(m, f, UINT64_MAX));
+            mv[i] = (kvt_move){t->id, 0, 0, 8u * b + i, KVT_TIER_DISK, KVT_TIER_HOST, 0};
+        TU_OK(kvt_mover_submit(fx.m, mv, 8, 0, NULL, &f));
+        TU_OK(kvt_mover_wait(fx.m, f, UINT64_MAX));
     }
     /* Fetching 16..19 drops the least recently fetched host copies: 0..3
      * (equal importance; the first batch is older). */
     for (uint32_t i = 0; i < 4; i++)
-        mv[i] = (kvt_move){t.id, 0, 0, 16 + i, KVT_TIER_DISK, KVT_TIER_HOST, 0};
-    TU_OK(kvt_mover_submit(m, mv, 4, 0, NULL, &f));
-    TU_OK(kvt_mover_wait(m, f, UINT64_MAX));
+        mv[i] = (kvt_move){t->id, 0, 0, 16 + i, KVT_TIER_DISK, KVT_TIER_HOST, 0};
+    TU_OK(kvt_mover_submit(fx.m, mv, 4, 0, NULL, &f));
+    TU_OK(kvt_mover_wait(fx.m, f, UINT64_MAX));
     for (uint32_t pg = 0; pg < 20; pg++) {
         uint8_t want = KVT_RES_DISK | (pg >= 4 ? KVT_RES_HOST : 0);
-        assert_int_equal(residency(p, t.id, 0, 0, pg), want);
+        assert_int_equal(residency(fx.p, t->id, 0, 0, pg), want);
     }
     kvt_mover_stats ms = {.struct_size = sizeof ms};
-    TU_OK(kvt_mover_stats_get(m, &ms));
+    TU_OK(kvt_mover_stats_get(fx.m, &ms));
     assert_int_equal(ms.evictions, 4);
-    TU_CHECK(p);
-    tseq_verify(p, &t);
+    TU_CHECK(fx.p);
+    tseq_verify(fx.p, t);
 
     /* Host pages without a disk copy cannot be dropped: filling the host
      * tier from the device with no disk copies left to drop is refused. */
     for (uint32_t i = 0; i < 20; i++)
-        mv[i] = (kvt_move){t.id, 1, 0, i, KVT_TIER_DEVICE, KVT_TIER_HOST, 0};
-    TU_EXPECT_ERR(kvt_mover_submit(m, mv, 20, 0, NULL, &f), KVT_ENOSPC, "host tier");
-    TU_CHECK(p);
+        mv[i] = (kvt_move){t->id, 1, 0, i, KVT_TIER_DEVICE, KVT_TIER_HOST, 0};
+    TU_EXPECT_ERR(kvt_mover_submit(fx.m, mv, 20, 0, NULL, &f), KVT_ENOSPC, "host tier");
+    TU_CHECK(fx.p);
     /* 16 fit once every disk-backed copy is gone. */
-    TU_OK(kvt_mover_submit(m, mv, 16, 0, NULL, &f));
-    TU_OK(kvt_mover_wait(m, f, UINT64_MAX));
+    TU_OK(kvt_mover_submit(fx.m, mv, 16, 0, NULL, &f));
+    TU_OK(kvt_mover_wait(fx.m, f, UINT64_MAX));
     for (uint32_t pg = 0; pg < 20; pg++)
-        assert_int_equal(residency(p, t.id, 0, 0, pg), KVT_RES_DISK);
-    TU_CHECK(p);
-    tseq_verify(p, &t);
-    kvt_pool_destroy(p);
-    tseq_free(&t);
+        assert_int_equal(residency(fx.p, t->id, 0, 0, pg), KVT_RES_DISK);
+    TU_CHECK(fx.p);
+    tseq_verify(fx.p, t);
+    tier_fx_close(&fx);
 }
 
 /* A larger host tier: evictions come in batches of 1/16 of the tier, the
@@ -390,45 +361,39 @@ static void test_host_eviction(void **state)
 static void test_eviction_batches(void **state)
 {
     (void)state;
-    kvt_pool_opts o = disk_opts(600, 129, 16u << 20, NULL); /* 128 usable: batches of 8 */
-    kvt_pool *p;
-    TU_OK(kvt_pool_create(&p, &o));
-    kvt_mover *m = mover_of(p);
-    tu_rng r = {12};
-    tseq t;
-    tseq_init(&t);
-    TU_OK(kvt_seq_create(p, NULL, &t.id));
-    tseq_append(p, &t, 140 * P, &r); /* pages 0..139 */
+    tier_fx fx;
+    tier_fx_open(&fx, 600, 129, 16u << 20, NULL, 12); /* 128 usable: batches of 8 */
+    tseq *t = tier_fx_add(&fx, 140 * PAGE_TOKENS); /* pages 0..139 */
     static kvt_move mv[140];
     kvt_fence f;
     for (uint32_t i = 0; i < 140; i++)
-        mv[i] = (kvt_move){t.id, 0, 1, i, KVT_TIER_DEVICE, KVT_TIER_DISK, KVT_MOVE_DROP_SOURCE};
-    TU_OK(kvt_mover_submit(m, mv, 140, 0, NULL, &f));
-    TU_OK(kvt_mover_wait(m, f, UINT64_MAX));
+        mv[i] = (kvt_move){t->id, 0, 1, i, KVT_TIER_DEVICE, KVT_TIER_DISK, KVT_MOVE_DROP_SOURCE};
+    TU_OK(kvt_mover_submit(fx.m, mv, 140, 0, NULL, &f));
+    TU_OK(kvt_mover_wait(fx.m, f, UINT64_MAX));
     /* Four batches of 32 fill the host tier, oldest first; the batches go
      * in reverse page order so recency, not page index, decides. */
     for (uint32_t b = 0; b < 4; b++) {
         for (uint32_t i = 0; i < 32; i++)
-            mv[i] = (kvt_move){t.id, 0, 1, 127 - (32 * b + i), KVT_TIER_DISK, KVT_TIER_HOST, 0};
-        TU_OK(kvt_mover_submit(m, mv, 32, 0, NULL, &f));
-        TU_OK(kvt_mover_wait(m, f, UINT64_MAX));
+            mv[i] = (kvt_move){t->id, 0, 1, 127 - (32 * b + i), KVT_TIER_DISK, KVT_TIER_HOST, 0};
+        TU_OK(kvt_mover_submit(fx.m, mv, 32, 0, NULL, &f));
+        TU_OK(kvt_mover_wait(fx.m, f, UINT64_MAX));
     }
     /* Nine single fetches: the first drops eight (a batch of 128 / 16), the
      * next seven none, the ninth eight more: always the oldest, in the
      * order their blocks were taken (127, 126, ..., 112). */
     for (uint32_t i = 0; i < 9; i++) {
-        mv[0] = (kvt_move){t.id, 0, 1, 128 + i, KVT_TIER_DISK, KVT_TIER_HOST, 0};
-        TU_OK(kvt_mover_submit(m, mv, 1, 0, NULL, &f));
-        TU_OK(kvt_mover_wait(m, f, UINT64_MAX));
+        mv[0] = (kvt_move){t->id, 0, 1, 128 + i, KVT_TIER_DISK, KVT_TIER_HOST, 0};
+        TU_OK(kvt_mover_submit(fx.m, mv, 1, 0, NULL, &f));
+        TU_OK(kvt_mover_wait(fx.m, f, UINT64_MAX));
     }
     for (uint32_t pg = 0; pg < 140; pg++) {
         bool host = (pg < 112) || (pg >= 128 && pg < 137);
-        assert_int_equal(residency(p, t.id, 0, 1, pg), KVT_RES_DISK | (host ? KVT_RES_HOST : 0));
+        assert_int_equal(residency(fx.p, t->id, 0, 1, pg),
+                         KVT_RES_DISK | (host ? KVT_RES_HOST : 0));
     }
-    TU_CHECK(p);
-    tseq_verify(p, &t);
-    kvt_pool_destroy(p);
-    tseq_free(&t);
+    TU_CHECK(fx.p);
+    tseq_verify(fx.p, t);
+    tier_fx_close(&fx);
 }
 
 /* The host tier drops the pages the selector scored lowest first: the
@@ -443,25 +408,19 @@ static int cmp_score(const void *a, const void *b)
 static void test_eviction_by_importance(void **state)
 {
     (void)state;
-    kvt_pool_opts o = disk_opts(128, 9, 16u << 20, NULL); /* 8 usable host blocks */
-    kvt_pool *p;
-    TU_OK(kvt_pool_create(&p, &o));
-    kvt_mover *m = mover_of(p);
-    tu_rng r = {31};
-    tseq t;
-    tseq_init(&t);
-    TU_OK(kvt_seq_create(p, NULL, &t.id));
-    tseq_append(p, &t, 16 * P + 1, &r);
+    tier_fx fx;
+    tier_fx_open(&fx, 128, 9, 16u << 20, NULL, 31); /* 8 usable host blocks */
+    tseq *t = tier_fx_add(&fx, 16 * PAGE_TOKENS + 1);
     kvt_move mv[16];
     kvt_fence f;
     for (uint32_t i = 0; i < 16; i++)
-        mv[i] = (kvt_move){t.id, 0, 0, i, KVT_TIER_DEVICE, KVT_TIER_DISK, KVT_MOVE_DROP_SOURCE};
-    TU_OK(kvt_mover_submit(m, mv, 16, 0, NULL, &f));
-    TU_OK(kvt_mover_wait(m, f, UINT64_MAX));
+        mv[i] = (kvt_move){t->id, 0, 0, i, KVT_TIER_DEVICE, KVT_TIER_DISK, KVT_MOVE_DROP_SOURCE};
+    TU_OK(kvt_mover_submit(fx.m, mv, 16, 0, NULL, &f));
+    TU_OK(kvt_mover_wait(fx.m, f, UINT64_MAX));
 
     /* One step scores every page of layer 0 (selection reads only the
      * metadata, which stays in the device tier). */
-    kvt_geometry g = o.geom;
+    kvt_geometry g = fx.o.geom;
     kvt_selector *sel;
     kvt_selector_opts so;
     TU_OK(kvt_selector_opts_init(&so));
@@ -471,30 +430,30 @@ static void test_eviction_by_importance(void **state)
     TU_OK(kvt_step_opts_init(&sp));
     sp.selector = sel;
     kvt_step *st;
-    TU_OK(kvt_step_plan(p, &t.id, 1, &sp, &st));
-    float kv[2 * H * D], q[H * D];
-    for (int i = 0; i < 2 * H * D; i++)
-        kv[i] = tu_unit(&r);
-    for (int i = 0; i < H * D; i++)
-        q[i] = tu_unit(&r);
-    TU_OK(kvt_append(st, 0, kv, kv + H * D, KVT_DTYPE_F32, 0));
+    TU_OK(kvt_step_plan(fx.p, &t->id, 1, &sp, &st));
+    float kv[2 * N_KV_HEADS * HEAD_DIM], q[N_KV_HEADS * HEAD_DIM];
+    for (int i = 0; i < 2 * N_KV_HEADS * HEAD_DIM; i++)
+        kv[i] = tu_unit(&fx.r);
+    for (int i = 0; i < N_KV_HEADS * HEAD_DIM; i++)
+        q[i] = tu_unit(&fx.r);
+    TU_OK(kvt_append(st, 0, kv, kv + N_KV_HEADS * HEAD_DIM, KVT_DTYPE_F32, 0));
     TU_OK(kvt_step_select(st, 0, q));
     TU_OK(kvt_step_finish(st));
     kvt_selector_destroy(sel);
     /* Then pages 0..7 into the host tier, in one batch: equal recency, so
      * only the scores can order them. */
     for (uint32_t i = 0; i < 8; i++)
-        mv[i] = (kvt_move){t.id, 0, 0, i, KVT_TIER_DISK, KVT_TIER_HOST, 0};
-    TU_OK(kvt_mover_submit(m, mv, 8, 0, NULL, &f));
-    TU_OK(kvt_mover_wait(m, f, UINT64_MAX));
+        mv[i] = (kvt_move){t->id, 0, 0, i, KVT_TIER_DISK, KVT_TIER_HOST, 0};
+    TU_OK(kvt_mover_submit(fx.m, mv, 8, 0, NULL, &f));
+    TU_OK(kvt_mover_wait(fx.m, f, UINT64_MAX));
 
     /* Reference: the MINMAX bound of head 0's query over pages 0..7. */
     double sc[8][2];
     for (uint32_t pg = 0; pg < 8; pg++) {
-        float kmin[D], kmax[D];
-        TU_OK(kvt_seq_page_meta(p, t.id, 0, 0, pg, kmin, kmax, NULL));
+        float kmin[HEAD_DIM], kmax[HEAD_DIM];
+        TU_OK(kvt_seq_page_meta(fx.p, t->id, 0, 0, pg, kmin, kmax, NULL));
         double s = 0;
-        for (int d = 0; d < D; d++) {
+        for (int d = 0; d < HEAD_DIM; d++) {
             double a = (double)q[d] * kmin[d], b = (double)q[d] * kmax[d];
             s += a > b ? a : b;
         }
@@ -506,64 +465,54 @@ static void test_eviction_by_importance(void **state)
 
     /* Fetching 8..11 drops the four lowest-scored host copies. */
     for (uint32_t i = 0; i < 4; i++)
-        mv[i] = (kvt_move){t.id, 0, 0, 8 + i, KVT_TIER_DISK, KVT_TIER_HOST, 0};
-    TU_OK(kvt_mover_submit(m, mv, 4, 0, NULL, &f));
-    TU_OK(kvt_mover_wait(m, f, UINT64_MAX));
+        mv[i] = (kvt_move){t->id, 0, 0, 8 + i, KVT_TIER_DISK, KVT_TIER_HOST, 0};
+    TU_OK(kvt_mover_submit(fx.m, mv, 4, 0, NULL, &f));
+    TU_OK(kvt_mover_wait(fx.m, f, UINT64_MAX));
     for (int i = 0; i < 8; i++) {
         uint32_t pg = (uint32_t)sc[i][1];
-        assert_int_equal(residency(p, t.id, 0, 0, pg), KVT_RES_DISK | (i < 4 ? 0 : KVT_RES_HOST));
+        assert_int_equal(residency(fx.p, t->id, 0, 0, pg),
+                         KVT_RES_DISK | (i < 4 ? 0 : KVT_RES_HOST));
     }
-    TU_CHECK(p);
-    kvt_pool_destroy(p);
-    tseq_free(&t);
+    TU_CHECK(fx.p);
+    tier_fx_close(&fx);
 }
 
 /* ---- full disk, directories, sharing ------------------------------------------ */
 static void test_disk_full(void **state)
 {
     (void)state;
-    kvt_mover_opts mo;
-    TU_OK(kvt_mover_opts_init(&mo));
-    mo.extent_pages = 2;
-    mo.segment_extents = 2; /* a segment: 4 slots of 8 KiB */
-    kvt_pool_opts o = disk_opts(64, 16, 3 * 4 * 8192, &mo); /* 3 segments, 12 slots */
-    kvt_pool *p;
-    TU_OK(kvt_pool_create(&p, &o));
-    kvt_mover *m = mover_of(p);
-    tu_rng r = {5};
-    tseq t;
-    tseq_init(&t);
-    TU_OK(kvt_seq_create(p, NULL, &t.id));
-    tseq_append(p, &t, 8 * P, &r);
+    const kvt_mover_opts mo = tier_mover_opts(2, 2); /* a segment: 4 slots of 8 KiB */
+    tier_fx fx;
+    tier_fx_open(&fx, 64, 16, 3 * 4 * 8192, &mo, 5); /* 3 segments, 12 slots */
+    tseq *t = tier_fx_add(&fx, 8 * PAGE_TOKENS);
     kvt_move mv[8];
     kvt_fence f;
     /* Head (0,0): 8 pages = 2 segments. Head (0,1) takes the third and then
      * borrows nothing: the file is full. */
     for (uint32_t i = 0; i < 8; i++)
-        mv[i] = (kvt_move){t.id, 0, 0, i, KVT_TIER_DEVICE, KVT_TIER_DISK, KVT_MOVE_DROP_SOURCE};
-    TU_OK(kvt_mover_submit(m, mv, 8, 0, NULL, &f));
-    TU_OK(kvt_mover_wait(m, f, UINT64_MAX));
+        mv[i] = (kvt_move){t->id, 0, 0, i, KVT_TIER_DEVICE, KVT_TIER_DISK, KVT_MOVE_DROP_SOURCE};
+    TU_OK(kvt_mover_submit(fx.m, mv, 8, 0, NULL, &f));
+    TU_OK(kvt_mover_wait(fx.m, f, UINT64_MAX));
     for (uint32_t i = 0; i < 6; i++)
-        mv[i] = (kvt_move){t.id, 0, 1, i, KVT_TIER_DEVICE, KVT_TIER_DISK, KVT_MOVE_DROP_SOURCE};
-    TU_EXPECT_ERR(kvt_mover_submit(m, mv, 6, 0, NULL, &f), KVT_ENOSPC, "disk tier");
-    TU_CHECK(p);
+        mv[i] = (kvt_move){t->id, 0, 1, i, KVT_TIER_DEVICE, KVT_TIER_DISK, KVT_MOVE_DROP_SOURCE};
+    TU_EXPECT_ERR(kvt_mover_submit(fx.m, mv, 6, 0, NULL, &f), KVT_ENOSPC, "disk tier");
+    TU_CHECK(fx.p);
     for (uint32_t i = 0; i < 6; i++) /* nothing moved, nothing lost */
-        assert_int_equal(residency(p, t.id, 0, 1, i), KVT_RES_DEVICE);
-    TU_OK(kvt_mover_submit(m, mv, 4, 0, NULL, &f));
-    TU_OK(kvt_mover_wait(m, f, UINT64_MAX));
+        assert_int_equal(residency(fx.p, t->id, 0, 1, i), KVT_RES_DEVICE);
+    TU_OK(kvt_mover_submit(fx.m, mv, 4, 0, NULL, &f));
+    TU_OK(kvt_mover_wait(fx.m, f, UINT64_MAX));
     kvt_stats st = {.struct_size = sizeof st};
-    TU_OK(kvt_pool_stats(p, &st));
+    TU_OK(kvt_pool_stats(fx.p, &st));
     assert_int_equal(st.tier[KVT_TIER_DISK].blocks_total, 12);
     assert_int_equal(st.tier[KVT_TIER_DISK].blocks_used, 12);
     assert_int_equal(st.tier[KVT_TIER_DISK].pages, 12);
-    tseq_verify(p, &t);
+    tseq_verify(fx.p, t);
     /* Releasing the sequence gives the extents back. */
-    TU_OK(kvt_seq_release(p, t.id));
-    TU_OK(kvt_pool_stats(p, &st));
+    TU_OK(kvt_seq_release(fx.p, t->id));
+    TU_OK(kvt_pool_stats(fx.p, &st));
     assert_int_equal(st.tier[KVT_TIER_DISK].blocks_used, 0);
-    TU_CHECK(p);
-    kvt_pool_destroy(p);
-    tseq_free(&t);
+    TU_CHECK(fx.p);
+    tier_fx_close(&fx);
 }
 
 static void test_directories(void **state)
@@ -607,8 +556,8 @@ static void test_directories(void **state)
     tseq_init(&b);
     TU_OK(kvt_seq_create(p, NULL, &a.id));
     TU_OK(kvt_seq_create(q, NULL, &b.id));
-    tseq_append(p, &a, 4 * P, &r);
-    tseq_append(q, &b, 4 * P, &r);
+    tseq_append(p, &a, 4 * PAGE_TOKENS, &r);
+    tseq_append(q, &b, 4 * PAGE_TOKENS, &r);
     kvt_move mv[4];
     kvt_fence fa, fb;
     for (uint32_t i = 0; i < 4; i++)
@@ -637,44 +586,35 @@ static void test_in_flight(void **state)
     TU_OK(kvt_mover_opts_init(&mo));
     mo.queue_depth = 4;
     for (int round = 0; round < 3; round++) {
-        kvt_pool_opts o = disk_opts(600, 600, 16u << 20, &mo);
-        kvt_pool *p;
-        TU_OK(kvt_pool_create(&p, &o));
-        kvt_mover *m = mover_of(p);
-        tu_rng r = {(uint64_t)round + 100};
-        tseq t[2];
-        for (int i = 0; i < 2; i++) {
-            tseq_init(&t[i]);
-            TU_OK(kvt_seq_create(p, NULL, &t[i].id));
-            tseq_append(p, &t[i], 30 * P, &r);
-        }
-        static kvt_move mv[2 * L * H * 30];
+        tier_fx fx;
+        tier_fx_open(&fx, 600, 600, 16u << 20, &mo, (uint64_t)round + 100);
+        for (int i = 0; i < 2; i++)
+            tier_fx_add(&fx, 30 * PAGE_TOKENS);
+        static kvt_move mv[2 * N_LAYERS * N_KV_HEADS * 30];
         uint32_t n = 0;
         for (int i = 0; i < 2; i++)
-            for (uint32_t l = 0; l < L; l++)
-                for (uint32_t h = 0; h < H; h++)
+            for (uint32_t l = 0; l < N_LAYERS; l++)
+                for (uint32_t h = 0; h < N_KV_HEADS; h++)
                     for (uint32_t pg = 0; pg < 30; pg++)
-                        mv[n++] = (kvt_move){t[i].id, l, h, pg, KVT_TIER_DEVICE,
+                        mv[n++] = (kvt_move){fx.t[i].id, l, h, pg, KVT_TIER_DEVICE,
                                              (pg + h) % 2 ? KVT_TIER_DISK : KVT_TIER_HOST,
                                              round == 2 ? KVT_MOVE_DROP_SOURCE : 0u};
         kvt_fence f;
-        TU_OK(kvt_mover_submit(m, mv, n, 0, NULL, &f));
-        int rc = kvt_mover_wait(m, f, 0); /* most likely still in flight */
+        TU_OK(kvt_mover_submit(fx.m, mv, n, 0, NULL, &f));
+        int rc = kvt_mover_wait(fx.m, f, 0); /* most likely still in flight */
         assert_true(rc == 0 || rc == KVT_ETIMEDOUT);
         if (round == 1) {
-            TU_OK(kvt_seq_release(p, t[0].id)); /* waits for its moves */
-            TU_CHECK(p);
-            tseq_verify(p, &t[1]);
+            TU_OK(kvt_seq_release(fx.p, fx.t[0].id)); /* waits for its moves */
+            TU_CHECK(fx.p);
+            tseq_verify(fx.p, &fx.t[1]);
         }
         if (round == 2) {
-            TU_OK(kvt_mover_wait(m, KVT_FENCE_ALL, UINT64_MAX));
-            TU_CHECK(p);
-            tseq_verify(p, &t[0]);
-            tseq_verify(p, &t[1]);
+            TU_OK(kvt_mover_wait(fx.m, KVT_FENCE_ALL, UINT64_MAX));
+            TU_CHECK(fx.p);
+            tseq_verify(fx.p, &fx.t[0]);
+            tseq_verify(fx.p, &fx.t[1]);
         }
-        kvt_pool_destroy(p); /* round 0: destroy waits for the whole batch */
-        for (int i = 0; i < 2; i++)
-            tseq_free(&t[i]);
+        tier_fx_close(&fx); /* round 0: destroy waits for the whole batch */
     }
 }
 

@@ -9,45 +9,31 @@
 
 #define NPG 12 /* full pages per head */
 
-typedef struct {
-    kvt_pool *p;
-    kvt_mover *m;
-    tseq t;
-    tu_rng r;
-} fx;
-
-static void fx_open(fx *f, uint64_t seed)
+/* The fixture of the single-fault tests: one sequence t[0] of NPG full
+ * pages and a partial one per head. */
+static void fx_open(tier_fx *fx, uint64_t seed)
 {
-    kvt_mover_opts mo;
-    TU_OK(kvt_mover_opts_init(&mo));
+    kvt_mover_opts mo = tier_mover_opts(4, 2);
     mo.max_io_bytes = 8192; /* one page per request: the Nth request is page N-1 */
-    mo.extent_pages = 4;
-    mo.segment_extents = 2;
-    kvt_pool_opts o = disk_opts(128, 64, 4u << 20, &mo);
-    TU_OK(kvt_pool_create(&f->p, &o));
-    TU_OK(kvt_pool_mover(f->p, &f->m));
-    f->r = (tu_rng){seed};
-    tseq_init(&f->t);
-    TU_OK(kvt_seq_create(f->p, NULL, &f->t.id));
-    tseq_append(f->p, &f->t, NPG * P + 5, &f->r);
+    tier_fx_open(fx, 128, 64, 4u << 20, &mo, seed);
+    tier_fx_add(fx, NPG * PAGE_TOKENS + 5);
 }
 
-static void fx_close(fx *f)
+static void fx_close(tier_fx *fx)
 {
-    TU_CHECK(f->p);
-    kvt_pool_destroy(f->p);
-    tseq_free(&f->t);
+    TU_CHECK(fx->p);
+    tier_fx_close(fx);
 }
 
 /* Moves pages 0..NPG-1 of (layer 0, head 0) in one batch; returns wait's code. */
-static int move_all(fx *f, kvt_tier from, kvt_tier to, uint32_t flags, int32_t *res)
+static int move_all(tier_fx *fx, kvt_tier from, kvt_tier to, uint32_t flags, int32_t *res)
 {
     kvt_move mv[NPG];
     for (uint32_t i = 0; i < NPG; i++)
-        mv[i] = (kvt_move){f->t.id, 0, 0, i, from, to, flags};
+        mv[i] = (kvt_move){fx->t[0].id, 0, 0, i, from, to, flags};
     kvt_fence fe;
-    TU_OK(kvt_mover_submit(f->m, mv, NPG, 0, res, &fe));
-    return kvt_mover_wait(f->m, fe, UINT64_MAX);
+    TU_OK(kvt_mover_submit(fx->m, mv, NPG, 0, res, &fe));
+    return kvt_mover_wait(fx->m, fe, UINT64_MAX);
 }
 
 static const char *kind_name(uint32_t k)
@@ -61,27 +47,27 @@ static const char *kind_name(uint32_t k)
 static void write_fault(uint32_t kind)
 {
     for (uint32_t nth = 1; nth <= NPG; nth += 5) {
-        fx f;
-        fx_open(&f, 100 + kind * 13 + nth);
+        tier_fx fx;
+        fx_open(&fx, 100 + kind * 13 + nth);
         kvt_mover_stats ms = {.struct_size = sizeof ms};
-        assert_int_equal(kvt__mover_fault(f.m, true, kind, nth), 0);
+        assert_int_equal(kvt__mover_fault(fx.m, true, kind, nth), 0);
         int32_t res[NPG];
         const uint32_t drop = kind == KVT__FAULT_FLIP ? 0u : KVT_MOVE_DROP_SOURCE;
-        int rc = move_all(&f, KVT_TIER_DEVICE, KVT_TIER_DISK, drop, res);
+        int rc = move_all(&fx, KVT_TIER_DEVICE, KVT_TIER_DISK, drop, res);
         const int want = kind == KVT__FAULT_EIO ? KVT_EIO : kind == KVT__FAULT_ENOSPC ? KVT_ENOSPC : 0;
         if (rc != want)
             fail_msg("write fault %s at %u: wait gave %d, want %d", kind_name(kind), nth, rc, want);
         for (uint32_t i = 0; i < NPG; i++) {
             const bool hit = i == nth - 1;
             assert_int_equal(res[i], hit ? want : 0);
-            uint8_t r = residency(f.p, f.t.id, 0, 0, i);
+            uint8_t r = residency(fx.p, fx.t[0].id, 0, 0, i);
             if (hit && want)
                 assert_int_equal(r, KVT_RES_DEVICE); /* stays where it was */
             else
                 assert_int_equal(r, drop ? KVT_RES_DISK : (KVT_RES_DEVICE | KVT_RES_DISK));
         }
-        TU_CHECK(f.p);
-        TU_OK(kvt_mover_stats_get(f.m, &ms));
+        TU_CHECK(fx.p);
+        TU_OK(kvt_mover_stats_get(fx.m, &ms));
         if (kind == KVT__FAULT_SHORT)
             assert_true(ms.short_io >= 1);
         if (kind == KVT__FAULT_EAGAIN)
@@ -91,20 +77,20 @@ static void write_fault(uint32_t kind)
         if (kind == KVT__FAULT_FLIP) {
             /* The disk now holds a corrupted page: reading it back is
              * KVT_ECORRUPT for that page only, and nothing is used. */
-            rc = move_all(&f, KVT_TIER_DISK, KVT_TIER_HOST, 0, res);
+            rc = move_all(&fx, KVT_TIER_DISK, KVT_TIER_HOST, 0, res);
             assert_int_equal(rc, KVT_ECORRUPT);
             assert_non_null(strstr(kvt_last_error(), "CRC32C"));
             for (uint32_t i = 0; i < NPG; i++) {
                 assert_int_equal(res[i], i == nth - 1 ? KVT_ECORRUPT : 0);
-                uint8_t r = residency(f.p, f.t.id, 0, 0, i);
+                uint8_t r = residency(fx.p, fx.t[0].id, 0, 0, i);
                 assert_int_equal(r, KVT_RES_DEVICE | KVT_RES_DISK |
                                         (i == nth - 1 ? 0 : KVT_RES_HOST));
             }
-            TU_OK(kvt_mover_stats_get(f.m, &ms));
+            TU_OK(kvt_mover_stats_get(fx.m, &ms));
             assert_int_equal(ms.checksum_errors, 1);
         }
-        tseq_verify(f.p, &f.t);
-        fx_close(&f);
+        tseq_verify(fx.p, &fx.t[0]);
+        fx_close(&fx);
     }
 }
 
@@ -112,32 +98,33 @@ static void write_fault(uint32_t kind)
 static void read_fault(uint32_t kind)
 {
     for (uint32_t nth = 1; nth <= NPG; nth += 4) {
-        fx f;
-        fx_open(&f, 200 + kind * 17 + nth);
+        tier_fx fx;
+        fx_open(&fx, 200 + kind * 17 + nth);
         int32_t res[NPG];
-        assert_int_equal(move_all(&f, KVT_TIER_DEVICE, KVT_TIER_DISK, KVT_MOVE_DROP_SOURCE, res), 0);
-        assert_int_equal(kvt__mover_fault(f.m, false, kind, nth), 0);
+        assert_int_equal(
+            move_all(&fx, KVT_TIER_DEVICE, KVT_TIER_DISK, KVT_MOVE_DROP_SOURCE, res), 0);
+        assert_int_equal(kvt__mover_fault(fx.m, false, kind, nth), 0);
         kvt_tier to = nth % 2 ? KVT_TIER_HOST : KVT_TIER_DEVICE;
-        int rc = move_all(&f, KVT_TIER_DISK, to, 0, res);
+        int rc = move_all(&fx, KVT_TIER_DISK, to, 0, res);
         const int want = kind == KVT__FAULT_EIO ? KVT_EIO : kind == KVT__FAULT_FLIP ? KVT_ECORRUPT : 0;
         if (rc != want)
             fail_msg("read fault %s at %u: wait gave %d, want %d", kind_name(kind), nth, rc, want);
         for (uint32_t i = 0; i < NPG; i++) {
             const bool hit = i == nth - 1 && want;
             assert_int_equal(res[i], hit ? want : 0);
-            uint8_t r = residency(f.p, f.t.id, 0, 0, i);
+            uint8_t r = residency(fx.p, fx.t[0].id, 0, 0, i);
             assert_int_equal(r, KVT_RES_DISK | (hit ? 0u : (1u << to)));
         }
-        TU_CHECK(f.p);
-        tseq_verify(f.p, &f.t); /* the failed page reads from disk, intact */
+        TU_CHECK(fx.p);
+        tseq_verify(fx.p, &fx.t[0]); /* the failed page reads from disk, intact */
         if (want) { /* the fault was transient: the page can be fetched now */
-            kvt_move mv = {f.t.id, 0, 0, nth - 1, KVT_TIER_DISK, to, 0};
+            kvt_move mv = {fx.t[0].id, 0, 0, nth - 1, KVT_TIER_DISK, to, 0};
             kvt_fence fe;
-            TU_OK(kvt_mover_submit(f.m, &mv, 1, 0, NULL, &fe));
-            TU_OK(kvt_mover_wait(f.m, fe, UINT64_MAX));
-            tseq_verify(f.p, &f.t);
+            TU_OK(kvt_mover_submit(fx.m, &mv, 1, 0, NULL, &fe));
+            TU_OK(kvt_mover_wait(fx.m, fe, UINT64_MAX));
+            tseq_verify(fx.p, &fx.t[0]);
         }
-        fx_close(&f);
+        fx_close(&fx);
     }
 }
 
@@ -159,49 +146,38 @@ static void test_read_flip(void **s) { (void)s; read_fault(KVT__FAULT_FLIP); }
 static void test_fault_storm(void **state)
 {
     (void)state;
-    kvt_mover_opts mo;
-    TU_OK(kvt_mover_opts_init(&mo));
-    mo.extent_pages = 4;
-    mo.segment_extents = 2;
+    kvt_mover_opts mo = tier_mover_opts(4, 2);
     mo.max_io_bytes = 32 << 10;
     mo.queue_depth = 4;
-    kvt_pool_opts o = disk_opts(300, 40, 6u << 20, &mo);
-    kvt_pool *p;
-    TU_OK(kvt_pool_create(&p, &o));
-    kvt_mover *m;
-    TU_OK(kvt_pool_mover(p, &m));
-    tu_rng r = {4242};
+    tier_fx fx;
+    tier_fx_open(&fx, 300, 40, 6u << 20, &mo, 4242);
     enum { NS = 2 };
-    tseq t[NS];
-    for (int i = 0; i < NS; i++) {
-        tseq_init(&t[i]);
-        TU_OK(kvt_seq_create(p, NULL, &t[i].id));
-        tseq_append(p, &t[i], 8 * P + tu_below(&r, P), &r);
-    }
+    for (int i = 0; i < NS; i++)
+        tier_fx_add(&fx, 8 * PAGE_TOKENS + tu_below(&fx.r, PAGE_TOKENS));
     uint32_t failed = 0, ok = 0;
     for (int step = 0; step < 250; step++) {
-        if (tu_below(&r, 4)) {
+        if (tu_below(&fx.r, 4)) {
             static const uint32_t kinds[] = {KVT__FAULT_EIO, KVT__FAULT_SHORT, KVT__FAULT_EAGAIN,
                                              KVT__FAULT_ENOSPC, KVT__FAULT_FLIP};
-            bool wr = tu_below(&r, 2);
-            uint32_t k = kinds[tu_below(&r, wr ? 4 : 5)];
-            assert_int_equal(kvt__mover_fault(m, wr, k, 1 + tu_below(&r, 4)), 0);
+            bool wr = tu_below(&fx.r, 2);
+            uint32_t k = kinds[tu_below(&fx.r, wr ? 4 : 5)];
+            assert_int_equal(kvt__mover_fault(fx.m, wr, k, 1 + tu_below(&fx.r, 4)), 0);
         }
         kvt_move mv[16];
         uint8_t before[16];
-        uint32_t n = random_batch(p, t, NS, &r, mv, before, 16);
+        uint32_t n = random_batch(fx.p, fx.t, NS, &fx.r, mv, before, 16);
         int32_t out[16];
         kvt_fence fe;
-        int rc = kvt_mover_submit(m, mv, n, 0, out, &fe);
+        int rc = kvt_mover_submit(fx.m, mv, n, 0, out, &fe);
         if (rc == KVT_ENOSPC) {
-            TU_CHECK(p);
+            TU_CHECK(fx.p);
             continue;
         }
         assert_int_equal(rc, 0);
-        rc = kvt_mover_wait(m, fe, UINT64_MAX);
+        rc = kvt_mover_wait(fx.m, fe, UINT64_MAX);
         assert_true(rc == 0 || rc == KVT_EIO || rc == KVT_ENOSPC || rc == KVT_ECORRUPT);
         for (uint32_t i = 0; i < n; i++) {
-            uint8_t res = residency(p, mv[i].seq, mv[i].layer, mv[i].kv_head, mv[i].page);
+            uint8_t res = residency(fx.p, mv[i].seq, mv[i].layer, mv[i].kv_head, mv[i].page);
             if (out[i] == 0) {
                 ok++;
                 assert_true(res & (1u << mv[i].to));
@@ -216,17 +192,15 @@ static void test_fault_storm(void **state)
                 assert_true(res != 0);
             }
         }
-        TU_CHECK(p);
+        TU_CHECK(fx.p);
         if (step % 20 == 0)
             for (int i = 0; i < NS; i++)
-                tseq_verify(p, &t[i]);
+                tseq_verify(fx.p, &fx.t[i]);
     }
     for (int i = 0; i < NS; i++)
-        tseq_verify(p, &t[i]);
+        tseq_verify(fx.p, &fx.t[i]);
     assert_true(failed > 10 && ok > 500);
-    kvt_pool_destroy(p);
-    for (int i = 0; i < NS; i++)
-        tseq_free(&t[i]);
+    tier_fx_close(&fx);
 }
 
 /* A filesystem that refuses O_DIRECT: buffered I/O unless the caller
@@ -243,32 +217,26 @@ static void test_no_direct(void **state)
     TU_EXPECT_ERR(kvt_pool_create(&p, &o), KVT_ENOTSUP, "O_DIRECT");
     assert_null(p);
     mo.flags = 0;
-    TU_OK(kvt_pool_create(&p, &o));
-    kvt_mover *m;
-    TU_OK(kvt_pool_mover(p, &m));
+    tier_fx fx;
+    tier_fx_open(&fx, 64, 32, 16u << 20, &mo, 77);
     kvt_mover_stats ms = {.struct_size = sizeof ms};
-    TU_OK(kvt_mover_stats_get(m, &ms));
+    TU_OK(kvt_mover_stats_get(fx.m, &ms));
     assert_int_equal(ms.disk_direct, 0);
-    tu_rng r = {77};
-    tseq t;
-    tseq_init(&t);
-    TU_OK(kvt_seq_create(p, NULL, &t.id));
-    tseq_append(p, &t, 6 * P, &r);
+    tseq *t = tier_fx_add(&fx, 6 * PAGE_TOKENS);
     kvt_move mv[6];
     kvt_fence fe;
     for (uint32_t i = 0; i < 6; i++)
-        mv[i] = (kvt_move){t.id, 1, 1, i, KVT_TIER_DEVICE, KVT_TIER_DISK, KVT_MOVE_DROP_SOURCE};
-    TU_OK(kvt_mover_submit(m, mv, 6, 0, NULL, &fe));
-    TU_OK(kvt_mover_wait(m, fe, UINT64_MAX));
-    tseq_verify(p, &t);
+        mv[i] = (kvt_move){t->id, 1, 1, i, KVT_TIER_DEVICE, KVT_TIER_DISK, KVT_MOVE_DROP_SOURCE};
+    TU_OK(kvt_mover_submit(fx.m, mv, 6, 0, NULL, &fe));
+    TU_OK(kvt_mover_wait(fx.m, fe, UINT64_MAX));
+    tseq_verify(fx.p, t);
     for (uint32_t i = 0; i < 6; i++)
-        mv[i] = (kvt_move){t.id, 1, 1, i, KVT_TIER_DISK, KVT_TIER_DEVICE, KVT_MOVE_DROP_SOURCE};
-    TU_OK(kvt_mover_submit(m, mv, 6, 0, NULL, &fe));
-    TU_OK(kvt_mover_wait(m, fe, UINT64_MAX));
-    tseq_verify(p, &t);
-    TU_CHECK(p);
-    kvt_pool_destroy(p);
-    tseq_free(&t);
+        mv[i] = (kvt_move){t->id, 1, 1, i, KVT_TIER_DISK, KVT_TIER_DEVICE, KVT_MOVE_DROP_SOURCE};
+    TU_OK(kvt_mover_submit(fx.m, mv, 6, 0, NULL, &fe));
+    TU_OK(kvt_mover_wait(fx.m, fe, UINT64_MAX));
+    tseq_verify(fx.p, t);
+    TU_CHECK(fx.p);
+    tier_fx_close(&fx);
     unsetenv("KVT_FAULT_NO_DIRECT");
 }
 

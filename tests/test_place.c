@@ -30,10 +30,10 @@ static void snap_take(snap *sn, const pfx *f)
     kvt_stats st = pstats(f->p);
     PUT(&st, sizeof st);
     for (uint32_t i = 0; i < f->ns; i++)
-        for (uint32_t l = 0; l < L; l++) {
+        for (uint32_t l = 0; l < N_LAYERS; l++) {
             uint32_t T = seq_len(f, i, l), np = pages_of(T);
             PUT(&T, sizeof T);
-            for (uint32_t h = 0; h < H && np; h++) {
+            for (uint32_t h = 0; h < N_KV_HEADS && np; h++) {
                 uint32_t dev[MAXPG], host[MAXPG];
                 uint8_t res[MAXPG];
                 TU_OK(kvt_seq_block_table(f->p, f->t[i].id, l, h, 0, np, dev, host, res));
@@ -66,14 +66,14 @@ static void check_after_prefill(const pfx *f)
 {
     uint64_t full = 0;
     for (uint32_t i = 0; i < f->ns; i++)
-        for (uint32_t l = 0; l < L; l++)
-            for (uint32_t h = 0; h < H; h++) {
-                const uint32_t lh = l * H + h, T = f->t[i].n, np = pages_of(T);
+        for (uint32_t l = 0; l < N_LAYERS; l++)
+            for (uint32_t h = 0; h < N_KV_HEADS; h++) {
+                const uint32_t lh = l * N_KV_HEADS + h, T = f->t[i].n, np = pages_of(T);
                 uint8_t rs[MAXPG], forced[MAXPG];
                 table(f, i, l, h, np, NULL, rs);
                 forced_pages(forced, T, f->ph.sink[lh], f->ph.local[lh]);
                 for (uint32_t pg = 0; pg < np; pg++) {
-                    const bool isfull = (pg + 1) * P <= T;
+                    const bool isfull = (pg + 1) * PAGE_TOKENS <= T;
                     uint8_t want = KVT_RES_DEVICE;
                     if (is_stable(f, lh)) {
                         want = (uint8_t)((forced[pg] ? KVT_RES_DEVICE : 0) |
@@ -101,8 +101,8 @@ static void test_class_placement(void **state)
     pheads ph = ph_uniform(2, 2, 1, 1, 4);
     ph_unstable(&ph, 1, 0);
     pfx *f = pfx_open(&ph, 400, 400, 0, 0x91ace);
-    pfx_add(f, 10 * P + 5, KEYS_RANDOM); /* a partial last page */
-    pfx_add(f, 12 * P, KEYS_RANDOM);     /* a full last page: local, on device and host */
+    pfx_add(f, 10 * PAGE_TOKENS + 5, KEYS_RANDOM); /* a partial last page */
+    pfx_add(f, 12 * PAGE_TOKENS, KEYS_RANDOM);     /* a full last page: local, on device and host */
     check_after_prefill(f);
 
     /* Steps, each after every move finished, so the rules are exact: after
@@ -121,9 +121,9 @@ static void test_class_placement(void **state)
         /* The bound again, here directly: unforced device pages of each
          * stable head reranked this step. */
         for (uint32_t i = 0; i < f->ns; i++)
-            for (uint32_t l = 0; l < L; l++)
-                for (uint32_t h = 0; h < H; h++) {
-                    const uint32_t lh = l * H + h, T = f->t[i].n, np = pages_of(T);
+            for (uint32_t l = 0; l < N_LAYERS; l++)
+                for (uint32_t h = 0; h < N_KV_HEADS; h++) {
+                    const uint32_t lh = l * N_KV_HEADS + h, T = f->t[i].n, np = pages_of(T);
                     if (!is_stable(f, lh) || !r.reranked[i][lh])
                         continue;
                     uint8_t rs[MAXPG], forced[MAXPG];
@@ -161,18 +161,18 @@ static void chunk_between_steps(pfx *f, uint32_t i, uint32_t n)
     static uint8_t before[NLH][MAXPG];
     const uint32_t T0 = f->t[i].n;
     for (uint32_t lh = 0; lh < NLH; lh++)
-        table(f, i, lh / H, lh % H, pages_of(T0), NULL, before[lh]);
+        table(f, i, lh / N_KV_HEADS, lh % N_KV_HEADS, pages_of(T0), NULL, before[lh]);
     pfx_prefill(f, i, n);
     TU_CHECK(f->p);
     const uint32_t T = f->t[i].n, np = pages_of(T);
     for (uint32_t lh = 0; lh < NLH; lh++) {
         uint8_t rs[MAXPG], forced[MAXPG], top[MAXPG] = {0};
-        table(f, i, lh / H, lh % H, np, NULL, rs);
+        table(f, i, lh / N_KV_HEADS, lh % N_KV_HEADS, np, NULL, rs);
         forced_pages(forced, T, f->ph.sink[lh], f->ph.local[lh]);
         for (uint32_t j = 0; j < f->ntopk[i][lh]; j++)
             top[f->topk[i][lh][j]] = 1;
         for (uint32_t pg = 0; pg < np; pg++) {
-            const bool isfull = (pg + 1) * P <= T, old = pg < pages_of(T0);
+            const bool isfull = (pg + 1) * PAGE_TOKENS <= T, old = pg < pages_of(T0);
             const uint8_t was = old ? before[lh][pg] : 0;
             uint8_t want;
             if (!is_stable(f, lh))
@@ -188,9 +188,9 @@ static void chunk_between_steps(pfx *f, uint32_t i, uint32_t n)
                 want = (uint8_t)(KVT_RES_HOST | (forced[pg] || top[pg] ? KVT_RES_DEVICE : 0));
             if (rs[pg] != want)
                 fail_msg("chunk of %u tokens (T %u -> %u): seq %u layer %u head %u page %u: "
-                         "residency %#x, expected %#x (before %#x%s%s)", n, T0, T, i, lh / H,
-                         lh % H, pg, rs[pg], want, was, forced[pg] ? ", forced" : "",
-                         top[pg] ? ", top-K" : "");
+                         "residency %#x, expected %#x (before %#x%s%s)",
+                         n, T0, T, i, lh / N_KV_HEADS, lh % N_KV_HEADS, pg, rs[pg], want, was,
+                         forced[pg] ? ", forced" : "", top[pg] ? ", top-K" : "");
         }
     }
 }
@@ -210,9 +210,9 @@ static void exact_loop(uint32_t window, uint64_t seed)
     ph.local[3] = 2;
     ph.iv[3] = 3;
     pfx *f = pfx_open(&ph, 600, 600, 0, seed);
-    pfx_add(f, 5 * P - 3, KEYS_RANDOM);
-    pfx_add(f, 7 * P + 10, KEYS_RANDOM);
-    pfx_add(f, 9 * P - 1, KEYS_RANDOM);
+    pfx_add(f, 5 * PAGE_TOKENS - 3, KEYS_RANDOM);
+    pfx_add(f, 7 * PAGE_TOKENS + 10, KEYS_RANDOM);
+    pfx_add(f, 9 * PAGE_TOKENS - 1, KEYS_RANDOM);
     pfx_add(f, 3, KEYS_RANDOM); /* no full page yet */
     uint32_t promoted = 0, evicted = 0;
     for (uint32_t step = 0; step < 36; step++) {
@@ -226,8 +226,8 @@ static void exact_loop(uint32_t window, uint64_t seed)
         check_device_count(f);
         if (step == 17) { /* a prefill chunk in the middle of the decode */
             TU_OK(wait_all(f));
-            chunk_between_steps(f, 1, 2 * P + 3);
-            chunk_between_steps(f, 3, P);
+            chunk_between_steps(f, 1, 2 * PAGE_TOKENS + 3);
+            chunk_between_steps(f, 3, PAGE_TOKENS);
         }
         if (step == 21) {
             /* A chunk into a short sequence: 2 pages become 4. Its trim
@@ -236,7 +236,7 @@ static void exact_loop(uint32_t window, uint64_t seed)
              * next step, so they rerank and promote them (not due by
              * their interval, they would select pages off device). */
             TU_OK(wait_all(f));
-            chunk_between_steps(f, 3, 2 * P + 5);
+            chunk_between_steps(f, 3, 2 * PAGE_TOKENS + 5);
         }
     }
     assert_true(promoted > 0 && evicted > 0);
@@ -262,19 +262,19 @@ static void test_exact_window2(void **state)
 /* ---- 3./4. designed scores: lookahead eviction and recycling ------------------------ */
 
 /* The pages each head's query points at this step: score of page j =
- * G * (s_j + 10 * [j picked]) with designed keys (placetest.h). */
+ * GQA_GROUP * (s_j + 10 * [j picked]) with designed keys (placetest.h). */
 static uint32_t g_pick[MAXS][NLH][2];
 
 static void designed_q(pfx *f, uint32_t layer, float *q)
 {
-    memset(q, 0, (size_t)f->ns * HQ * D * sizeof *q);
+    memset(q, 0, (size_t)f->ns * HQ * HEAD_DIM * sizeof *q);
     for (uint32_t i = 0; i < f->ns; i++)
-        for (uint32_t h = 0; h < H; h++)
-            for (uint32_t g = 0; g < G; g++) {
-                float *qg = q + ((size_t)i * HQ + (size_t)h * G + g) * D;
+        for (uint32_t h = 0; h < N_KV_HEADS; h++)
+            for (uint32_t g = 0; g < GQA_GROUP; g++) {
+                float *qg = q + ((size_t)i * HQ + (size_t)h * GQA_GROUP + g) * HEAD_DIM;
                 qg[0] = 1.0f;
-                qg[1 + g_pick[i][layer * H + h][0]] = 10.0f;
-                qg[1 + g_pick[i][layer * H + h][1]] = 10.0f;
+                qg[1 + g_pick[i][layer * N_KV_HEADS + h][0]] = 10.0f;
+                qg[1 + g_pick[i][layer * N_KV_HEADS + h][1]] = 10.0f;
             }
 }
 
@@ -284,7 +284,7 @@ static uint64_t device_set(const pfx *f, uint32_t i, uint32_t lh)
     const uint32_t np = pages_of(f->t[i].n);
     uint8_t rs[MAXPG];
     assert_true(np <= 64);
-    table(f, i, lh / H, lh % H, np, NULL, rs);
+    table(f, i, lh / N_KV_HEADS, lh % N_KV_HEADS, np, NULL, rs);
     uint64_t m = 0;
     for (uint32_t pg = 0; pg < np; pg++)
         if (rs[pg] & KVT_RES_DEVICE)
@@ -292,17 +292,18 @@ static uint64_t device_set(const pfx *f, uint32_t i, uint32_t lh)
     return m;
 }
 
-/* The designed sequences have T = n_full * P + 1 during the test: forced
- * pages are page 0 (sink) and the partial last page; candidates 1..np-2. */
+/* The designed sequences have T = n_full * PAGE_TOKENS + 1 during the
+ * test: forced pages are page 0 (sink) and the partial last page;
+ * candidates 1..np-2. */
 static void test_lookahead_eviction(void **state)
 {
     (void)state;
     const uint32_t K = 2, W = 2;
     pheads ph = ph_uniform(K, W, 1, 1, 1); /* rerank every step */
     pfx *f = pfx_open(&ph, 300, 300, 0, 0x100c);
-    pfx_add(f, 16 * P + 1, KEYS_DESIGNED);
-    pfx_add(f, 11 * P + 1, KEYS_DESIGNED);
-    pfx_add(f, 12 * P + 1, KEYS_FLAT); /* equal scores: the lower page index stays */
+    pfx_add(f, 16 * PAGE_TOKENS + 1, KEYS_DESIGNED);
+    pfx_add(f, 11 * PAGE_TOKENS + 1, KEYS_DESIGNED);
+    pfx_add(f, 12 * PAGE_TOKENS + 1, KEYS_FLAT); /* equal scores: the lower page index stays */
     const kvt_stats s0 = pstats(f->p);
     /* The model: unforced device pages per head, from the design alone. */
     uint64_t model[MAXS][NLH] = {{0}};
@@ -317,9 +318,9 @@ static void test_lookahead_eviction(void **state)
                 while (b == a);
                 g_pick[i][lh][0] = a;
                 g_pick[i][lh][1] = b;
-                /* Selected: a and b (score >= 10 G, every other below G / 2).
-                 * Evictable: the other device pages; the K*W - K of highest
-                 * s stay, the rest leave. */
+                /* Selected: a and b (score >= 10 GQA_GROUP, every other
+                 * below GQA_GROUP / 2). Evictable: the other device pages;
+                 * the K*W - K of highest s stay, the rest leave. */
                 const uint64_t sel = (1ull << a) | (1ull << b);
                 uint64_t e = model[i][lh] & ~sel, keep = 0;
                 for (uint32_t c = 0; c < K * W - K; c++) {
@@ -345,7 +346,7 @@ static void test_lookahead_eviction(void **state)
                 const uint64_t got = device_set(f, i, lh);
                 if (got != want)
                     fail_msg("step %u seq %u layer %u head %u: device pages %#llx, expected "
-                             "%#llx (picked %u, %u)", step, i, lh / H, lh % H,
+                             "%#llx (picked %u, %u)", step, i, lh / N_KV_HEADS, lh % N_KV_HEADS,
                              (unsigned long long)got, (unsigned long long)want,
                              g_pick[i][lh][0], g_pick[i][lh][1]);
             }
@@ -366,8 +367,8 @@ static void test_recycling(void **state)
     (void)state;
     pheads ph = ph_uniform(2, 1, 1, 1, 1);
     pfx *f = pfx_open(&ph, 300, 300, 0, 0x2ec);
-    pfx_add(f, 14 * P + 1, KEYS_DESIGNED);
-    pfx_add(f, 9 * P + 1, KEYS_DESIGNED);
+    pfx_add(f, 14 * PAGE_TOKENS + 1, KEYS_DESIGNED);
+    pfx_add(f, 9 * PAGE_TOKENS + 1, KEYS_DESIGNED);
     uint32_t prev[MAXS][NLH][2] = {{{0}}};
     for (uint32_t step = 0; step < 10; step++) {
         /* Step 0: first pair. Odd steps: a pair disjoint from the last (two
@@ -425,12 +426,13 @@ static uint8_t g_wset[MAXS][NLH][MAXPG], g_wtop[MAXS][NLH][MAXPG];
 static void warm_expect(pfx *f, uint32_t i, const float *obs, uint32_t n_obs)
 {
     const uint32_t T = f->t[i].n, np = pages_of(T);
-    for (uint32_t l = 0; l < L; l++)
-        for (uint32_t h = 0; h < H; h++) {
-            const uint32_t lh = l * H + h;
+    for (uint32_t l = 0; l < N_LAYERS; l++)
+        for (uint32_t h = 0; h < N_KV_HEADS; h++) {
+            const uint32_t lh = l * N_KV_HEADS + h;
             double imp[MAXPG] = {0}, sc[MAXPG];
             for (uint32_t o = 0; o < n_obs; o++) {
-                ref_scores(f, i, l, h, np, obs + (((size_t)l * n_obs + o) * HQ + h * G) * D, sc,
+                ref_scores(f, i, l, h, np,
+                           obs + (((size_t)l * n_obs + o) * HQ + h * GQA_GROUP) * HEAD_DIM, sc,
                            NULL);
                 for (uint32_t pg = 0; pg < np; pg++)
                     imp[pg] += sc[pg];
@@ -452,8 +454,8 @@ static void warm_expect(pfx *f, uint32_t i, const float *obs, uint32_t n_obs)
 
 static float *random_obs(pfx *f, uint32_t n_obs)
 {
-    float *obs = malloc((size_t)L * n_obs * HQ * D * sizeof *obs);
-    for (size_t e = 0; e < (size_t)L * n_obs * HQ * D; e++)
+    float *obs = malloc((size_t)N_LAYERS * n_obs * HQ * HEAD_DIM * sizeof *obs);
+    for (size_t e = 0; e < (size_t)N_LAYERS * n_obs * HQ * HEAD_DIM; e++)
         obs[e] = 2.0f * tu_unit(&f->r);
     return obs;
 }
@@ -470,11 +472,11 @@ static void ready_after_warmup(pfx *f, kvt_step *st)
         for (uint32_t lh = 0; ready && lh < NLH; lh++) {
             uint8_t rs[MAXPG];
             const uint32_t np = pages_of(f->t[i].n);
-            table(f, i, lh / H, lh % H, np, NULL, rs);
+            table(f, i, lh / N_KV_HEADS, lh % N_KV_HEADS, np, NULL, rs);
             for (uint32_t pg = 0; pg < np; pg++)
                 if (g_wset[i][lh][pg] && !(rs[pg] & KVT_RES_DEVICE))
                     fail_msg("seq %u ready after the plan, but warm-up page %u of layer %u head "
-                             "%u is not on device", i, pg, lh / H, lh % H);
+                             "%u is not on device", i, pg, lh / N_KV_HEADS, lh % N_KV_HEADS);
         }
     }
 }
@@ -485,7 +487,7 @@ static void test_ready_pause(void **state)
     pheads ph = ph_uniform(2, 2, 1, 1, 4);
     ph_unstable(&ph, 0, 0);
     pfx *f = pfx_open(&ph, 500, 500, 0, 0x5ead);
-    const uint32_t lens[3] = {9 * P + 3, 11 * P + 7, 6 * P + 20};
+    const uint32_t lens[3] = {9 * PAGE_TOKENS + 3, 11 * PAGE_TOKENS + 7, 6 * PAGE_TOKENS + 20};
     for (uint32_t round = 0; round < 2; round++) {
         for (uint32_t j = 0; j < 3; j++) {
             const uint32_t i = pfx_add(f, lens[j] + round, KEYS_RANDOM);
@@ -518,7 +520,7 @@ static void test_ready_pause(void **state)
         assert_true(s1.paused_seqs >= s0.paused_seqs);
         /* Paused (sequence, layer) decodes: at most one per sequence, layer
          * and step. */
-        assert_true(s1.paused_seqs - s0.paused_seqs <= 2u * f->ns * L);
+        assert_true(s1.paused_seqs - s0.paused_seqs <= 2u * f->ns * N_LAYERS);
         verify_all(f);
         if (round == 0) {
             TU_OK(wait_all(f));
@@ -533,29 +535,30 @@ static void test_ready_pause(void **state)
     pfx_close(f);
 }
 
-/* Obs queries for a designed sequence i, [L][nobs][HQ][D]: obs o of head lh
- * points at two random candidate pages, so that the importance of page pg
- * is G * (nobs * s_pg + 10 * votes_pg), computed here from the design
- * alone into imp[lh][pg]. */
+/* Obs queries for a designed sequence i, [N_LAYERS][nobs][HQ][HEAD_DIM]:
+ * obs o of head lh points at two random candidate pages, so that the
+ * importance of page pg is GQA_GROUP * (nobs * s_pg + 10 * votes_pg),
+ * computed here from the design alone into imp[lh][pg]. */
 static float *designed_obs(pfx *f, uint32_t i, uint32_t nobs, double imp[NLH][MAXPG])
 {
     const uint32_t np = pages_of(f->t[i].n), nc = np - 2;
-    float *obs = calloc((size_t)L * nobs * HQ * D, sizeof *obs);
+    float *obs = calloc((size_t)N_LAYERS * nobs * HQ * HEAD_DIM, sizeof *obs);
     for (uint32_t lh = 0; lh < NLH; lh++) {
         for (uint32_t pg = 0; pg < np; pg++)
-            imp[lh][pg] = G * nobs * f->s[i][lh][pg];
+            imp[lh][pg] = GQA_GROUP * nobs * f->s[i][lh][pg];
         for (uint32_t o = 0; o < nobs; o++) {
             uint32_t a = 1 + tu_below(&f->r, nc), b;
             do
                 b = 1 + tu_below(&f->r, nc);
             while (b == a);
-            for (uint32_t g = 0; g < G; g++) {
-                float *q = obs + (((size_t)(lh / H) * nobs + o) * HQ + (lh % H) * G + g) * D;
+            for (uint32_t g = 0; g < GQA_GROUP; g++) {
+                const uint32_t l = lh / N_KV_HEADS, h = lh % N_KV_HEADS;
+                float *q = obs + (((size_t)l * nobs + o) * HQ + h * GQA_GROUP + g) * HEAD_DIM;
                 q[0] = 1.0f;
                 q[1 + a] = q[1 + b] = 10.0f;
             }
-            imp[lh][a] += G * 10.0;
-            imp[lh][b] += G * 10.0;
+            imp[lh][a] += GQA_GROUP * 10.0;
+            imp[lh][b] += GQA_GROUP * 10.0;
         }
     }
     return obs;
@@ -570,8 +573,8 @@ static void test_warmup_importance(void **state)
     pheads ph = ph_uniform(2, 2, 1, 1, 8);
     ph_unstable(&ph, 1, 1);
     pfx *f = pfx_open(&ph, 300, 300, 0, 0x3a7);
-    pfx_add(f, 16 * P + 1, KEYS_DESIGNED);
-    pfx_add(f, 13 * P + 1, KEYS_DESIGNED);
+    pfx_add(f, 16 * PAGE_TOKENS + 1, KEYS_DESIGNED);
+    pfx_add(f, 13 * PAGE_TOKENS + 1, KEYS_DESIGNED);
     const kvt_stats s0 = pstats(f->p);
     uint64_t want_promoted = 0;
     for (uint32_t i = 0; i < f->ns; i++) {
@@ -608,12 +611,12 @@ static void test_warmup_importance(void **state)
         for (uint32_t lh = 0; lh < NLH; lh++) {
             const uint32_t np = pages_of(f->t[i].n);
             uint8_t rs[MAXPG];
-            table(f, i, lh / H, lh % H, np, NULL, rs);
+            table(f, i, lh / N_KV_HEADS, lh % N_KV_HEADS, np, NULL, rs);
             for (uint32_t pg = 0; pg < np; pg++) {
                 const bool want = !is_stable(f, lh) || g_wset[i][lh][pg];
                 if (((rs[pg] & KVT_RES_DEVICE) != 0) != want)
                     fail_msg("after warm-up: seq %u layer %u head %u page %u: residency %#x, "
-                             "%s on device", i, lh / H, lh % H, pg, rs[pg],
+                             "%s on device", i, lh / N_KV_HEADS, lh % N_KV_HEADS, pg, rs[pg],
                              want ? "expected" : "not expected");
             }
         }
@@ -659,7 +662,7 @@ static void test_warmup_host_cache(void **state)
     pheads ph = ph_uniform(2, 2, 1, 1, 8);
     ph_unstable(&ph, 0, 1);
     pfx *f = pfx_open(&ph, 300, 11, 8u << 20, 0x4c);
-    const uint32_t i = pfx_add(f, 16 * P + 1, KEYS_DESIGNED), np = 17;
+    const uint32_t i = pfx_add(f, 16 * PAGE_TOKENS + 1, KEYS_DESIGNED), np = 17;
     TU_OK(wait_all(f));
     check_offloaded(f, KVT_RES_DISK, false);
     static double imp[NLH][MAXPG];
@@ -667,7 +670,7 @@ static void test_warmup_host_cache(void **state)
     warm_expect(f, i, obs, NOBS); /* g_wset: forced + K x w per stable head */
     uint8_t before[NLH][MAXPG];
     for (uint32_t lh = 0; lh < NLH; lh++)
-        table(f, i, lh / H, lh % H, np, NULL, before[lh]);
+        table(f, i, lh / N_KV_HEADS, lh % N_KV_HEADS, np, NULL, before[lh]);
     TU_OK(kvt_seq_warmup(f->p, f->t[i].id, obs, NOBS));
     free(obs);
     TU_OK(wait_all(f));
@@ -680,7 +683,7 @@ static void test_warmup_host_cache(void **state)
         if (!is_stable(f, lh))
             continue;
         uint8_t rs[MAXPG], forced[MAXPG];
-        table(f, i, lh / H, lh % H, np, NULL, rs);
+        table(f, i, lh / N_KV_HEADS, lh % N_KV_HEADS, np, NULL, rs);
         forced_pages(forced, f->t[i].n, 1, 1);
         for (uint32_t pg = 0; pg + 1 < np; pg++) { /* the full pages */
             const bool promoted = g_wset[i][lh][pg] && !forced[pg];
@@ -725,7 +728,7 @@ static void test_enospc(void **state)
      * blocks). Four one-token fillers take 4 blocks each: none is left. */
     pheads ph = ph_uniform(2, 1, 1, 1, 4);
     pfx *f = pfx_open(&ph, 1 + 24, 200, 0, 0xe05);
-    pfx_add(f, 8 * P + 1, KEYS_RANDOM);
+    pfx_add(f, 8 * PAGE_TOKENS + 1, KEYS_RANDOM);
     for (int j = 0; j < 4; j++)
         pfx_add(f, 1, KEYS_RANDOM);
     TU_OK(wait_all(f));
@@ -748,16 +751,16 @@ static void test_enospc(void **state)
     snap_same(&s0, f, "a plan refused with KVT_ENOSPC");
 
     /* A prefill that needs new pages (one per head) does not fit either. */
-    static uint16_t k[P * H * D], v[P * H * D];
-    for (size_t e = 0; e < (size_t)P * H * D; e++) {
+    static uint16_t k[PAGE_TOKENS * N_KV_HEADS * HEAD_DIM], v[PAGE_TOKENS * N_KV_HEADS * HEAD_DIM];
+    for (size_t e = 0; e < (size_t)PAGE_TOKENS * N_KV_HEADS * HEAD_DIM; e++) {
         k[e] = f16_moderate(&f->r);
         v[e] = f16_moderate(&f->r);
     }
-    for (uint32_t l = 0; l < L; l++) {
+    for (uint32_t l = 0; l < N_LAYERS; l++) {
         kvt_clear_error();
-        rc = kvt_seq_append(f->p, f->t[1].id, l, k, v, P, KVT_DTYPE_F16, 0);
+        rc = kvt_seq_append(f->p, f->t[1].id, l, k, v, PAGE_TOKENS, KVT_DTYPE_F16, 0);
         if (rc != KVT_ENOSPC)
-            fail_msg("kvt_seq_append of %u tokens into a full device tier: %s (%s)", P,
+            fail_msg("kvt_seq_append of %u tokens into a full device tier: %s (%s)", PAGE_TOKENS,
                      kvt_err_name(rc), kvt_last_error());
         snap_same(&s0, f, "an append refused with KVT_ENOSPC");
     }
@@ -783,13 +786,13 @@ static void test_enospc(void **state)
  * policy). */
 static kvt_pool_sizing want_sizing(const pheads *ph, uint64_t T, uint32_t S)
 {
-    const uint64_t Sx = S ? S : 1, np = (T + P - 1) / P, block = 2ull * P * D * 2,
-                   meta = 3ull * D * 2;
+    const uint64_t Sx = S ? S : 1, np = (T + PAGE_TOKENS - 1) / PAGE_TOKENS,
+                   block = 2ull * PAGE_TOKENS * HEAD_DIM * 2, meta = 3ull * HEAD_DIM * 2;
     uint64_t dev = 0, nstable = 0;
     for (uint32_t b = 0; b < NLH; b++) {
         if (ph && ph->cls[b] == KVT_HEAD_STABLE) {
             uint64_t want = ph->sink[b] + ph->local[b] + 1 + (uint64_t)ph->k[b] * ph->w[b] +
-                            (ph->iv[b] + P - 1) / P + 1;
+                            (ph->iv[b] + PAGE_TOKENS - 1) / PAGE_TOKENS + 1;
             dev += want < np ? want : np;
             nstable++;
         } else {
@@ -803,7 +806,7 @@ static kvt_pool_sizing want_sizing(const pheads *ph, uint64_t T, uint32_t S)
     w.device_bytes = (w.device_pages + 1) * block;
     w.dense_pages = Sx * NLH * np;
     w.dense_bytes = (w.dense_pages + 1) * block;
-    w.host_bytes = (Sx * nstable * (T / P) + 1) * block;
+    w.host_bytes = (Sx * nstable * (T / PAGE_TOKENS) + 1) * block;
     w.meta_bytes = Sx * NLH * np * meta;
     return w;
 }
@@ -830,7 +833,8 @@ static void test_sizing(void **state)
         kvt_policy *pol = pols[pi] ? policy_of(pols[pi]) : NULL;
         for (int ti = 0; ti < 4; ti++)
             for (int si = 0; si < 3; si++) {
-                kvt_pool_opts o = tu_opts(L, H, HQ, D, P, KVT_DTYPE_F16, 0, 2);
+                kvt_pool_opts o =
+                    tu_opts(N_LAYERS, N_KV_HEADS, HQ, HEAD_DIM, PAGE_TOKENS, KVT_DTYPE_F16, 0, 2);
                 o.policy = pol;
                 o.target_tokens = Ts[ti];
                 o.target_seqs = Ss[si];
@@ -868,11 +872,11 @@ static void test_sizing(void **state)
     ph_unstable(&pc, 1, 0);
     pfx *f = pfx_new(&pc, 0x512e);
     kvt_pool_opts o = pfx_opts(f, 0, 2, 0);
-    o.target_tokens = 16 * P;
+    o.target_tokens = 16 * PAGE_TOKENS;
     o.target_seqs = 2;
     kvt_pool_sizing sz = {.struct_size = sizeof sz};
     TU_OK(kvt_pool_sizing_get(&o, &sz));
-    kvt_pool_sizing want = want_sizing(&pc, 16 * P, 2);
+    kvt_pool_sizing want = want_sizing(&pc, 16 * PAGE_TOKENS, 2);
     assert_int_equal(sz.device_pages, want.device_pages);
     o.host_bytes = sz.host_bytes;
     TU_OK(kvt_pool_create(&f->p, &o));
@@ -880,14 +884,14 @@ static void test_sizing(void **state)
     kvt_stats s = pstats(f->p);
     assert_true(s.tier[KVT_TIER_DEVICE].blocks_total >= sz.device_pages);
     assert_true(s.tier[KVT_TIER_DEVICE].blocks_total < sz.dense_pages);
-    pfx_add(f, 13 * P + 5, KEYS_RANDOM);
-    pfx_add(f, 13 * P + 5, KEYS_RANDOM);
+    pfx_add(f, 13 * PAGE_TOKENS + 5, KEYS_RANDOM);
+    pfx_add(f, 13 * PAGE_TOKENS + 5, KEYS_RANDOM);
     const step_args a = {.exact_stats = true};
-    while (f->t[0].n < 16 * P) {
+    while (f->t[0].n < 16 * PAGE_TOKENS) {
         step_res r;
         pfx_step(f, &a, &r); /* fails on KVT_ENOSPC */
     }
-    assert_int_equal(seq_len(f, 0, L - 1), 16 * P);
+    assert_int_equal(seq_len(f, 0, N_LAYERS - 1), 16 * PAGE_TOKENS);
     TU_OK(wait_all(f));
     check_offloaded(f, KVT_RES_HOST, false);
     verify_all(f);
@@ -902,8 +906,8 @@ static void test_dirty_ranges(void **state)
     pheads ph = ph_uniform(2, 2, 1, 1, 3);
     ph_unstable(&ph, 1, 1);
     pfx *f = pfx_open(&ph, 400, 400, 0, 0xd1);
-    pfx_add(f, 7 * P - 4, KEYS_RANDOM); /* fills a page during the test */
-    pfx_add(f, 10 * P + 9, KEYS_RANDOM);
+    pfx_add(f, 7 * PAGE_TOKENS - 4, KEYS_RANDOM); /* fills a page during the test */
+    pfx_add(f, 10 * PAGE_TOKENS + 9, KEYS_RANDOM);
     uint32_t dirty = 0, clean = 0;
     for (uint32_t step = 0; step < 14; step++) {
         /* pfx_step compares every (layer, sequence, head)'s device table with
@@ -940,13 +944,13 @@ static void test_bad_input(void **state)
     pheads ph = ph_uniform(2, 1, 1, 1, 4);
     ph_unstable(&ph, 1, 1);
     pfx *f = pfx_open(&ph, 200, 200, 0, 0xbad);
-    pfx_add(f, 5 * P + 3, KEYS_RANDOM);
-    pfx_add(f, 2 * P, KEYS_RANDOM);
+    pfx_add(f, 5 * PAGE_TOKENS + 3, KEYS_RANDOM);
+    pfx_add(f, 2 * PAGE_TOKENS, KEYS_RANDOM);
     kvt_seq_id gone;
     TU_OK(kvt_seq_create(f->p, NULL, &gone));
     TU_OK(kvt_seq_release(f->p, gone));
-    float *obs = random_obs(f, 2), q[2 * HQ * D];
-    for (size_t e = 0; e < 2 * HQ * D; e++)
+    float *obs = random_obs(f, 2), q[2 * HQ * HEAD_DIM];
+    for (size_t e = 0; e < 2 * HQ * HEAD_DIM; e++)
         q[e] = tu_unit(&f->r);
     TU_OK(wait_all(f));
     snap s0;
@@ -959,15 +963,15 @@ static void test_bad_input(void **state)
     TU_OK(kvt_step_plan(f->p, ids, 2, &so, &st));
     uint32_t ready = 0, first = 0, n = 0;
     EXPECT(kvt_rerank_recycle(NULL, 0, q), KVT_EINVAL, "step");
-    EXPECT(kvt_rerank_recycle(st, L, q), KVT_EINVAL, "layer");
+    EXPECT(kvt_rerank_recycle(st, N_LAYERS, q), KVT_EINVAL, "layer");
     EXPECT(kvt_rerank_recycle(st, 0, NULL), KVT_EINVAL, "q");
     EXPECT(kvt_step_ready(NULL, 0, &ready), KVT_EINVAL, "step");
     EXPECT(kvt_step_ready(st, 2, &ready), KVT_EINVAL, "seq_index");
     EXPECT(kvt_step_ready(st, 0, NULL), KVT_EINVAL, "ready");
     EXPECT(kvt_step_dirty(NULL, 0, 0, 0, &first, &n), KVT_EINVAL, "step");
-    EXPECT(kvt_step_dirty(st, L, 0, 0, &first, &n), KVT_EINVAL, "layer");
+    EXPECT(kvt_step_dirty(st, N_LAYERS, 0, 0, &first, &n), KVT_EINVAL, "layer");
     EXPECT(kvt_step_dirty(st, 0, 2, 0, &first, &n), KVT_EINVAL, "seq_index");
-    EXPECT(kvt_step_dirty(st, 0, 0, H, &first, &n), KVT_EINVAL, "kv_head");
+    EXPECT(kvt_step_dirty(st, 0, 0, N_KV_HEADS, &first, &n), KVT_EINVAL, "kv_head");
     EXPECT(kvt_step_dirty(st, 0, 0, 0, NULL, &n), KVT_EINVAL, "first_page");
     EXPECT(kvt_step_dirty(st, 0, 0, 0, &first, NULL), KVT_EINVAL, "n_pages");
     /* Warm-up while a step is open. */
@@ -1013,12 +1017,13 @@ static void test_bad_input(void **state)
 
     /* Pool options. */
     kvt_pool *p2 = NULL;
-    kvt_pool_opts o = tu_opts(L, H, HQ, D, P, KVT_DTYPE_F16, 64, 0);
+    kvt_pool_opts o =
+        tu_opts(N_LAYERS, N_KV_HEADS, HQ, HEAD_DIM, PAGE_TOKENS, KVT_DTYPE_F16, 64, 0);
     o.policy = f->pol;
     o.selector = f->sel;
     EXPECT(kvt_pool_create(&p2, &o), KVT_EINVAL, "policy"); /* no host tier */
     assert_null(p2);
-    o.host_bytes = 64ull * 2 * P * D * 2;
+    o.host_bytes = 64ull * 2 * PAGE_TOKENS * HEAD_DIM * 2;
     kvt_geometry g2 = pgeom();
     g2.head_dim = 32;
     kvt_policy *pol32;
@@ -1042,8 +1047,8 @@ static void test_bad_input(void **state)
     TU_OK(kvt_pool_create(&p2, &o));
     kvt_seq_id x;
     TU_OK(kvt_seq_create(p2, NULL, &x));
-    TU_OK(kvt_seq_append(p2, x, 0, f->t[0].k[0], f->t[0].v[0], 3 * P, KVT_DTYPE_F16, 0));
-    TU_OK(kvt_seq_append(p2, x, 1, f->t[0].k[1], f->t[0].v[1], 3 * P, KVT_DTYPE_F16, 0));
+    TU_OK(kvt_seq_append(p2, x, 0, f->t[0].k[0], f->t[0].v[0], 3 * PAGE_TOKENS, KVT_DTYPE_F16, 0));
+    TU_OK(kvt_seq_append(p2, x, 1, f->t[0].k[1], f->t[0].v[1], 3 * PAGE_TOKENS, KVT_DTYPE_F16, 0));
     EXPECT(kvt_seq_warmup(p2, x, obs, 2), KVT_EINVAL, "pool");
     TU_CHECK(p2);
     kvt_pool_destroy(p2);
@@ -1051,8 +1056,8 @@ static void test_bad_input(void **state)
     o.selector = f->sel;
     TU_OK(kvt_pool_create(&p2, &o));
     TU_OK(kvt_seq_create(p2, NULL, &x));
-    TU_OK(kvt_seq_append(p2, x, 0, f->t[0].k[0], f->t[0].v[0], 3 * P, KVT_DTYPE_F16, 0));
-    TU_OK(kvt_seq_append(p2, x, 1, f->t[0].k[1], f->t[0].v[1], 3 * P, KVT_DTYPE_F16, 0));
+    TU_OK(kvt_seq_append(p2, x, 0, f->t[0].k[0], f->t[0].v[0], 3 * PAGE_TOKENS, KVT_DTYPE_F16, 0));
+    TU_OK(kvt_seq_append(p2, x, 1, f->t[0].k[1], f->t[0].v[1], 3 * PAGE_TOKENS, KVT_DTYPE_F16, 0));
     EXPECT(kvt_seq_warmup(p2, x, obs, 2), KVT_EINVAL, "pool");
     TU_CHECK(p2);
     kvt_pool_destroy(p2);
@@ -1088,9 +1093,9 @@ static void test_disk_small_host(void **state)
     ph_unstable(&ph, 0, 1);
     /* The host holds 11 pages; the stable heads offload about 80. */
     pfx *f = pfx_open(&ph, 400, 12, 8u << 20, 0xd15c);
-    pfx_add(f, 8 * P + 5, KEYS_RANDOM);
-    pfx_add(f, 10 * P, KEYS_RANDOM);
-    pfx_add(f, 7 * P + 17, KEYS_RANDOM);
+    pfx_add(f, 8 * PAGE_TOKENS + 5, KEYS_RANDOM);
+    pfx_add(f, 10 * PAGE_TOKENS, KEYS_RANDOM);
+    pfx_add(f, 7 * PAGE_TOKENS + 17, KEYS_RANDOM);
     TU_OK(wait_all(f));
     check_offloaded(f, KVT_RES_DISK, false);
     verify_all(f);

@@ -50,7 +50,7 @@ static pfx *open_small_host(uint32_t len0, uint32_t len1, uint32_t iv, uint64_t 
 
 static void read_fault(uint32_t kind, uint64_t nth)
 {
-    pfx *f = open_small_host(6 * P + 5, 8 * P + 3, 4, 300 + kind * 7 + nth);
+    pfx *f = open_small_host(6 * PAGE_TOKENS + 5, 8 * PAGE_TOKENS + 3, 4, 300 + kind * 7 + nth);
     kvt_mover_stats m0 = {.struct_size = sizeof m0}, m1 = {.struct_size = sizeof m1};
     TU_OK(kvt_mover_stats_get(f->m, &m0));
     /* The first step reranks every stable head (nothing selected yet): each
@@ -64,7 +64,7 @@ static void read_fault(uint32_t kind, uint64_t nth)
     step_res r;
     pfx_step(f, &a, &r); /* checks the other sequences and the pool */
     uint32_t bad_layers = 0, bad_layer = 0;
-    for (uint32_t l = 0; l < L; l++) {
+    for (uint32_t l = 0; l < N_LAYERS; l++) {
         if (r.rc[l] == 0)
             continue;
         if (r.rc[l] != want)
@@ -100,7 +100,7 @@ static void read_fault(uint32_t kind, uint64_t nth)
     for (uint32_t lh = 0; lh < NLH; lh++)
         if (r.fail_head[bad_seq][lh] && !r2.reranked[bad_seq][lh])
             fail_msg("seq %u layer %u head %u: a promotion failed, yet the next step reused "
-                     "its selection", bad_seq, lh / H, lh % H);
+                     "its selection", bad_seq, lh / N_KV_HEADS, lh % N_KV_HEADS);
     for (int step = 0; step < 6; step++)
         pfx_step(f, &ok, &r2);
     TU_OK(wait_all(f));
@@ -141,7 +141,7 @@ static void test_offload_write_fault(void **state)
      * step reranks, so the next one meets the page that could not be
      * offloaded outside the local window: it must stay on device (no other
      * copy), not be evicted. */
-    pfx *f = open_small_host(6 * P - 1, 8 * P - 1, 1, 0x0ff);
+    pfx *f = open_small_host(6 * PAGE_TOKENS - 1, 8 * PAGE_TOKENS - 1, 1, 0x0ff);
     kvt_mover_stats m0 = {.struct_size = sizeof m0}, m1 = {.struct_size = sizeof m1};
     TU_OK(kvt_mover_stats_get(f->m, &m0));
     g_fault.write = true;
@@ -166,9 +166,10 @@ static void test_offload_write_fault(void **state)
         for (uint32_t lh = 0; lh < NLH; lh++) {
             if (!is_stable(f, lh))
                 continue;
-            const uint32_t pg = f->t[i].n / P - 1;
+            const uint32_t pg = f->t[i].n / PAGE_TOKENS - 1;
             uint8_t rs;
-            TU_OK(kvt_seq_block_table(f->p, f->t[i].id, lh / H, lh % H, pg, 1, NULL, NULL, &rs));
+            TU_OK(kvt_seq_block_table(f->p, f->t[i].id, lh / N_KV_HEADS, lh % N_KV_HEADS, pg, 1,
+                                      NULL, NULL, &rs));
             if (!(rs & (KVT_RES_HOST | KVT_RES_DISK))) {
                 stuck++;
                 assert_int_equal(rs, KVT_RES_DEVICE);
@@ -196,13 +197,13 @@ static void test_offload_write_fault(void **state)
 static void test_warmup_read_fault_later_layers(void **state)
 {
     (void)state;
-    kvt_geometry g = {L, H, HQ, D, P, KVT_DTYPE_F16, {0, 0}};
+    kvt_geometry g = {N_LAYERS, N_KV_HEADS, HQ, HEAD_DIM, PAGE_TOKENS, KVT_DTYPE_F16, {0, 0}};
     kvt_head_class cls[NLH];
     uint32_t k[NLH], iv[NLH];
     for (uint32_t b = 0; b < NLH; b++) {
-        cls[b] = b < H ? KVT_HEAD_UNSTABLE : KVT_HEAD_STABLE; /* layer 0 unstable */
+        cls[b] = b < N_KV_HEADS ? KVT_HEAD_UNSTABLE : KVT_HEAD_STABLE; /* layer 0 unstable */
         k[b] = 2;
-        iv[b] = b < H ? 1 : 16;
+        iv[b] = b < N_KV_HEADS ? 1 : 16;
     }
     kvt_policy_heads hd = {sizeof hd, NLH, cls, k, NULL, NULL, NULL, iv};
     kvt_policy *pol;
@@ -229,10 +230,11 @@ static void test_warmup_read_fault_later_layers(void **state)
     TU_OK(kvt_seq_create(p, NULL, &a));
     TU_OK(kvt_seq_release(p, dummy));
     tu_rng r = {7};
-    const uint32_t n = 8 * P + 5;
-    uint16_t *kk = malloc((size_t)n * H * D * 2), *vv = malloc((size_t)n * H * D * 2);
-    for (uint32_t l = 0; l < L; l++) {
-        for (size_t i = 0; i < (size_t)n * H * D; i++) {
+    const uint32_t n = 8 * PAGE_TOKENS + 5;
+    uint16_t *kk = malloc((size_t)n * N_KV_HEADS * HEAD_DIM * 2),
+             *vv = malloc((size_t)n * N_KV_HEADS * HEAD_DIM * 2);
+    for (uint32_t l = 0; l < N_LAYERS; l++) {
+        for (size_t i = 0; i < (size_t)n * N_KV_HEADS * HEAD_DIM; i++) {
             kk[i] = rand_f16(&r);
             vv[i] = rand_f16(&r);
         }
@@ -242,7 +244,7 @@ static void test_warmup_read_fault_later_layers(void **state)
     /* Layer 1's offloaded pages become disk-only, so warm-up reads them. */
     kvt_move mv[64];
     uint32_t nm = 0;
-    for (uint32_t h = 0; h < H; h++)
+    for (uint32_t h = 0; h < N_KV_HEADS; h++)
         for (uint32_t pg = 1; pg < 8; pg++)
             if (residency(p, a, 1, h, pg) == (KVT_RES_HOST | KVT_RES_DISK))
                 mv[nm++] = (kvt_move){a, 1, h, pg, KVT_TIER_HOST, KVT_TIER_DISK,
@@ -251,20 +253,21 @@ static void test_warmup_read_fault_later_layers(void **state)
     kvt_fence fe;
     TU_OK(kvt_mover_submit(m, mv, nm, 0, NULL, &fe));
     TU_OK(kvt_mover_wait(m, fe, UINT64_MAX));
-    float q[HQ * D], out[HQ * D], lse[HQ], kf[H * D], vf[H * D];
-    float *obs = malloc((size_t)L * HQ * D * sizeof *obs);
-    for (size_t i = 0; i < (size_t)L * HQ * D; i++)
+    float q[HQ * HEAD_DIM], out[HQ * HEAD_DIM], lse[HQ], kf[N_KV_HEADS * HEAD_DIM],
+        vf[N_KV_HEADS * HEAD_DIM];
+    float *obs = malloc((size_t)N_LAYERS * HQ * HEAD_DIM * sizeof *obs);
+    for (size_t i = 0; i < (size_t)N_LAYERS * HQ * HEAD_DIM; i++)
         obs[i] = tu_unit(&r) * 2 - 1;
     TU_OK(kvt__mover_fault(m, false, KVT__FAULT_EIO, 1));
     TU_OK(kvt_seq_warmup(p, a, obs, 1));
     kvt_step *st;
     TU_OK(kvt_step_plan(p, &a, 1, NULL, &st));
-    for (uint32_t l = 0; l < L; l++) {
-        for (int i = 0; i < H * D; i++) {
+    for (uint32_t l = 0; l < N_LAYERS; l++) {
+        for (int i = 0; i < N_KV_HEADS * HEAD_DIM; i++) {
             kf[i] = tu_unit(&r) - 0.5f;
             vf[i] = tu_unit(&r) - 0.5f;
         }
-        for (int i = 0; i < HQ * D; i++)
+        for (int i = 0; i < HQ * HEAD_DIM; i++)
             q[i] = tu_unit(&r) * 2 - 1;
         TU_OK(kvt_append(st, l, kf, vf, KVT_DTYPE_F32, 0));
         TU_OK(kvt_rerank_recycle(st, l, q));
@@ -276,7 +279,7 @@ static void test_warmup_read_fault_later_layers(void **state)
             continue;
         }
         TU_OK(rc);
-        for (uint32_t h = 0; h < H; h++) {
+        for (uint32_t h = 0; h < N_KV_HEADS; h++) {
             uint32_t pages[64], cnt, rr;
             TU_OK(kvt_step_selection(st, l, 0, h, pages, 64, &cnt, &rr));
             assert_int_equal(rr, 1); /* rescored, not the warm-up's selection */

@@ -381,28 +381,29 @@ static tokenizer *bpe_make(bpe_vocab *bv, const char *const *extra,
     return t;
 }
 
-/* Ġ is U+0120 (the symbol of ' '), Ċ U+010A ('\n'). */
-#define G "\xc4\xa0"
-#define C "\xc4\x8a"
+/* Ġ is U+0120 (the symbol of ' '), Ċ U+010A ('\n'): BPE_SP, BPE_NL. */
+#define BPE_SP "\xc4\xa0"
+#define BPE_NL "\xc4\x8a"
 
 static const char *const bpe_extra[] = {
-    G "t", "he", "in", "ing", G "the", G "th", G "thing", "the",
-    "12", "123", "34", "45", "do", "don", "'t", "n'", G G, G "b", C C,
+    BPE_SP "t", "he", "in", "ing", BPE_SP "the", BPE_SP "th", BPE_SP "thing", "the",
+    "12", "123", "34", "45", "do", "don", "'t", "n'",
+    BPE_SP BPE_SP, BPE_SP "b", BPE_NL BPE_NL,
     NULL,
 };
 static const char *const bpe_merges[] = {
-    G " t",          /* 0 */
+    BPE_SP " t",     /* 0 */
     "h e",           /* 1 */
     "i n",           /* 2 */
     "in g",          /* 3 */
-    G "t he",        /* 4 */
-    G "t h",         /* 5 */
-    G "th ing",      /* 6 */
+    BPE_SP "t he",   /* 4 */
+    BPE_SP "t h",    /* 5 */
+    BPE_SP "th ing", /* 6 */
     "t he",          /* 7 */
     "3 4",           /* 8: would join "123" and "45" if digits did not split */
     "1 2", "12 3", "4 5",
     "d o", "do n", "' t", "n '",
-    G " " G, G " b", C " " C,
+    BPE_SP " " BPE_SP, BPE_SP " b", BPE_NL " " BPE_NL,
     "x y",           /* no "xy" token: ignored */
     "bad",           /* no space: ignored */
     NULL,
@@ -417,22 +418,23 @@ static void test_bpe_hand(void **state)
     uint32_t n = bv.n;
     /* "the": he (1), then t+he (7). " thing": Ġt (0), in (2), ing (3),
      * Ġt+h (5), Ġth+ing (6). " the": Ġt (0), he (1), Ġt+he (4). */
-    expect_enc(t, v, n, "the thing the", 0, (const char *[]){"the", G "thing", G "the", NULL});
+    expect_enc(t, v, n, "the thing the", 0,
+               (const char *[]){"the", BPE_SP "thing", BPE_SP "the", NULL});
     /* add_bos without a BOS in the vocabulary adds nothing. */
     expect_enc(t, v, n, "the", 1, (const char *[]){"the", NULL});
     /* Digits in groups of three: "123" "45" (34 would merge first across). */
     expect_enc(t, v, n, "12345", 0, (const char *[]){"123", "45", NULL});
-    expect_enc(t, v, n, " 12345", 0, (const char *[]){G, "123", "45", NULL});
+    expect_enc(t, v, n, " 12345", 0, (const char *[]){BPE_SP, "123", "45", NULL});
     expect_enc(t, v, n, "1234567", 0, (const char *[]){"123", "45", "6", "7", NULL});
     /* Contractions split off: "don" "'t", not "n'" (n ' merges). */
     expect_enc(t, v, n, "don't", 0, (const char *[]){"don", "'t", NULL});
     /* Whitespace: a run keeps its last space for the next word. */
-    expect_enc(t, v, n, "a   b", 0, (const char *[]){"a", G G, G "b", NULL});
-    expect_enc(t, v, n, "a  ", 0, (const char *[]){"a", G G, NULL});
-    expect_enc(t, v, n, "a\n\nb", 0, (const char *[]){"a", C, C, "b", NULL});
-    expect_enc(t, v, n, "a\n\n", 0, (const char *[]){"a", C C, NULL});
+    expect_enc(t, v, n, "a   b", 0, (const char *[]){"a", BPE_SP BPE_SP, BPE_SP "b", NULL});
+    expect_enc(t, v, n, "a  ", 0, (const char *[]){"a", BPE_SP BPE_SP, NULL});
+    expect_enc(t, v, n, "a\n\nb", 0, (const char *[]){"a", BPE_NL, BPE_NL, "b", NULL});
+    expect_enc(t, v, n, "a\n\n", 0, (const char *[]){"a", BPE_NL BPE_NL, NULL});
     /* Punctuation runs apart from letters ("n!" would not merge anyway). */
-    expect_enc(t, v, n, "in!? ing", 0, (const char *[]){"in", "!", "?", G, "ing", NULL});
+    expect_enc(t, v, n, "in!? ing", 0, (const char *[]){"in", "!", "?", BPE_SP, "ing", NULL});
     /* Every byte is its own symbol first; non-ASCII bytes count as letters. */
     expect_enc(t, v, n, "\xc3\xa9t", 0, (const char *[]){"\xc3\x83", "\xc2\xa9", "t", NULL});
     expect_enc(t, v, n, "\x01\x7f", 0, (const char *[]){"\xc4\x81", "\xc4\xa1", NULL});
@@ -476,10 +478,10 @@ static void test_bpe_decode_round_trip(void **state)
         assert_int_equal((uint8_t)p[0], b);
     }
     size_t n;
-    const char *p = dec(t, -1, idx(bv.v, bv.n, G "thing"), &n);
+    const char *p = dec(t, -1, idx(bv.v, bv.n, BPE_SP "thing"), &n);
     assert_int_equal(n, 6);
     assert_memory_equal(p, " thing", 6);
-    p = dec(t, -1, idx(bv.v, bv.n, C C), &n);
+    p = dec(t, -1, idx(bv.v, bv.n, BPE_NL BPE_NL), &n);
     assert_int_equal(n, 2);
     assert_memory_equal(p, "\n\n", 2);
     assert_null(tok_decode(t, -1, (int32_t)bv.n, &n));
@@ -846,8 +848,8 @@ static void test_gguf_bpe(void **state)
 {
     (void)state;
     bpe_vocab bv;
-    static const char *const extra[] = {G "t", "he", "in", "ing", G "the", G "th",
-                                        G "thing", "the", "<|begin|>", "<|end|>", NULL};
+    static const char *const extra[] = {BPE_SP "t", "he", "in", "ing", BPE_SP "the", BPE_SP "th",
+                                        BPE_SP "thing", "the", "<|begin|>", "<|end|>", NULL};
     bpe_vocab_make(&bv, extra, -1);
     uint32_t nm = 0;
     while (bpe_merges[nm])
@@ -876,7 +878,7 @@ static void test_gguf_bpe(void **state)
     assert_int_equal(tok_bos(t), (int32_t)bv.n - 2);
     assert_int_equal(tok_eos(t), (int32_t)bv.n - 1);
     expect_enc(t, bv.v, bv.n, "the thing the", 1,
-               (const char *[]){"the", G "thing", G "the", NULL});
+               (const char *[]){"the", BPE_SP "thing", BPE_SP "the", NULL});
     size_t n;
     dec(t, -1, tok_bos(t), &n); /* control tokens decode to nothing */
     assert_int_equal(n, 0);

@@ -2,8 +2,8 @@
  * through the public calls (test_cu_pool, test_cu_tier): prompts into both
  * pools, and the comparisons of their stored rows, selections and outputs.
  *
- * The includer defines L, H, HQ, D, P, NS (layers, KV heads, query heads,
- * head_dim, page tokens, sequences), MAXPG (the most pages a head's
+ * The includer defines N_LAYERS, N_KV_HEADS, HQ, HEAD_DIM, PAGE_TOKENS, NS
+ * (layers, KV heads, query heads, head_dim, page tokens, sequences), MAXPG (the most pages a head's
  * selection may hold) and the type fx with at least: kvt_pool *cpu, *gpu;
  * kvt_selector *sel; kvt_seq_id ic[NS], ig[NS]; void *stream; float *d_out, *d_lse; tu_rng r;
  * bool ints (prompt keys of small integers, for exact scores). */
@@ -49,12 +49,12 @@ static inline void int_rows(tu_rng *r, float *x, size_t n)
 /* Prefill of n tokens into sequence i of both pools. */
 static inline void prefill(fx *f, uint32_t i, uint32_t n)
 {
-    const size_t rows = (size_t)n * H * D;
+    const size_t rows = (size_t)n * N_KV_HEADS * HEAD_DIM;
     float *k = malloc(rows * sizeof(float)), *v = malloc(rows * sizeof(float));
     float *dk = dev(rows * sizeof(float)), *dv = dev(rows * sizeof(float));
     assert_non_null(k);
     assert_non_null(v);
-    for (uint32_t l = 0; l < L; l++) {
+    for (uint32_t l = 0; l < N_LAYERS; l++) {
         (f->ints ? int_rows : rand_rows)(&f->r, k, rows);
         rand_rows(&f->r, v, rows);
         CU_OK(kvt__cu_memcpy(dk, k, rows * sizeof(float)));
@@ -80,23 +80,26 @@ static inline void new_seq(fx *f, uint32_t i, uint32_t n)
 static inline void same_contents(const fx *f)
 {
     for (uint32_t i = 0; i < NS; i++)
-        for (uint32_t l = 0; l < L; l++) {
+        for (uint32_t l = 0; l < N_LAYERS; l++) {
             uint32_t T, T2;
             TU_OK(kvt_seq_length(f->cpu, f->ic[i], l, &T));
             TU_OK(kvt_seq_length(f->gpu, f->ig[i], l, &T2));
             assert_int_equal(T, T2);
-            uint16_t *a = malloc((size_t)T * D * 2 * 2), *b = malloc((size_t)T * D * 2 * 2);
+            uint16_t *a = malloc((size_t)T * HEAD_DIM * 2 * 2),
+                     *b = malloc((size_t)T * HEAD_DIM * 2 * 2);
             assert_non_null(a);
             assert_non_null(b);
-            for (uint32_t h = 0; h < H; h++) {
-                TU_OK(kvt_seq_read_kv(f->cpu, f->ic[i], l, h, 0, T, a, a + (size_t)T * D));
-                TU_OK(kvt_seq_read_kv(f->gpu, f->ig[i], l, h, 0, T, b, b + (size_t)T * D));
-                if (memcmp(a, b, (size_t)T * D * 2 * 2))
+            for (uint32_t h = 0; h < N_KV_HEADS; h++) {
+                TU_OK(kvt_seq_read_kv(f->cpu, f->ic[i], l, h, 0, T, a, a + (size_t)T * HEAD_DIM));
+                TU_OK(kvt_seq_read_kv(f->gpu, f->ig[i], l, h, 0, T, b, b + (size_t)T * HEAD_DIM));
+                if (memcmp(a, b, (size_t)T * HEAD_DIM * 2 * 2))
                     fail_msg("seq %u layer %u head %u: stored K/V differ", i, l, h);
-                for (uint32_t pg = 0; pg < (T + P - 1) / P; pg++) {
-                    float m1[3 * D], m2[3 * D];
-                    TU_OK(kvt_seq_page_meta(f->cpu, f->ic[i], l, h, pg, m1, m1 + D, m1 + 2 * D));
-                    TU_OK(kvt_seq_page_meta(f->gpu, f->ig[i], l, h, pg, m2, m2 + D, m2 + 2 * D));
+                for (uint32_t pg = 0; pg < (T + PAGE_TOKENS - 1) / PAGE_TOKENS; pg++) {
+                    float m1[3 * HEAD_DIM], m2[3 * HEAD_DIM];
+                    TU_OK(kvt_seq_page_meta(f->cpu, f->ic[i], l, h, pg, m1, m1 + HEAD_DIM,
+                                            m1 + 2 * HEAD_DIM));
+                    TU_OK(kvt_seq_page_meta(f->gpu, f->ig[i], l, h, pg, m2, m2 + HEAD_DIM,
+                                            m2 + 2 * HEAD_DIM));
                     if (memcmp(m1, m2, sizeof m1))
                         fail_msg("seq %u layer %u head %u page %u: metadata differ", i, l, h, pg);
                 }
@@ -125,7 +128,7 @@ static inline uint32_t same_selections(kvt_step *sc, kvt_step *sg, uint32_t laye
 {
     uint32_t reranked = 0;
     for (uint32_t i = 0; i < NS; i++)
-        for (uint32_t h = 0; h < H; h++) {
+        for (uint32_t h = 0; h < N_KV_HEADS; h++) {
             uint32_t a[MAXPG], b[MAXPG], na, nb, ra, rb;
             TU_OK(kvt_step_selection(sc, layer, i, h, a, MAXPG, &na, &ra));
             NO_DEVICE_SYNC(kvt_step_selection(sg, layer, i, h, b, MAXPG, &nb, &rb));
@@ -144,8 +147,8 @@ static inline uint32_t same_selections(kvt_step *sc, kvt_step *sg, uint32_t laye
 static inline void same_rows(const float *out_g, const float *lse_g, const float *out_c,
                              const float *lse_c, uint32_t layer, uint32_t i)
 {
-    const size_t o = (size_t)i * HQ * D;
-    for (size_t e = o; e < o + (size_t)HQ * D; e++)
+    const size_t o = (size_t)i * HQ * HEAD_DIM;
+    for (size_t e = o; e < o + (size_t)HQ * HEAD_DIM; e++)
         if (!(fabsf(out_g[e] - out_c[e]) <= 2e-5f))
             fail_msg("layer %u seq %u: out[%zu] CUDA %.9g CPU %.9g", layer, i, e,
                      (double)out_g[e], (double)out_c[e]);
@@ -162,10 +165,10 @@ static inline uint32_t compare_layer(kvt_step *sc, kvt_step *sg, uint32_t layer,
                                      const float *out_c, const float *lse_c, const fx *f)
 {
     const uint32_t reranked = same_selections(sc, sg, layer);
-    float *out = malloc(NS * HQ * D * sizeof(float)), lse[NS * HQ];
+    float *out = malloc(NS * HQ * HEAD_DIM * sizeof(float)), lse[NS * HQ];
     assert_non_null(out);
     CU_OK(kvt__cu_stream_sync(f->stream));
-    CU_OK(kvt__cu_memcpy(out, f->d_out, NS * HQ * D * sizeof(float)));
+    CU_OK(kvt__cu_memcpy(out, f->d_out, NS * HQ * HEAD_DIM * sizeof(float)));
     CU_OK(kvt__cu_memcpy(lse, f->d_lse, sizeof lse));
     for (uint32_t i = 0; i < NS; i++)
         same_rows(out, lse, out_c, lse_c, layer, i);

@@ -28,19 +28,19 @@
 #include "internal.h"
 #include "gputest.h"
 
-#define L 2u
-#define H 4u
+#define N_LAYERS 2u
+#define N_KV_HEADS 4u
 #define HQ 8u
-#define G (HQ / H)
-#define D 64u
-#define P 16u
+#define GQA_GROUP (HQ / N_KV_HEADS)
+#define HEAD_DIM 64u
+#define PAGE_TOKENS 16u
 #define NS 2u
 #define CAP 64u            /* pages per (sequence, layer, head) */
-#define MAXTOK (CAP * P)
-#define PROMPT (37u * P + 5u)
+#define MAXTOK (CAP * PAGE_TOKENS)
+#define PROMPT (37u * PAGE_TOKENS + 5u)
 #define STEPS 24u
 #define NOBS 4u
-#define LH (L * H)
+#define LH (N_LAYERS * N_KV_HEADS)
 #define TAB ((size_t)NS * LH * CAP)
 
 typedef struct {
@@ -94,7 +94,7 @@ static void fx_open(fx *f)
 {
     memset(f, 0, sizeof *f);
     f->r = (tu_rng){0x5eed1234ull};
-    kvt_geometry g = {L, H, HQ, D, P, KVT_DTYPE_F16, {0, 0}};
+    kvt_geometry g = {N_LAYERS, N_KV_HEADS, HQ, HEAD_DIM, PAGE_TOKENS, KVT_DTYPE_F16, {0, 0}};
     kvt_head_class cls[LH];
     uint32_t k[LH], w[LH], iv[LH];
     for (uint32_t b = 0; b < LH; b++) {
@@ -107,7 +107,8 @@ static void fx_open(fx *f)
     TU_OK(kvt_policy_create_heads(&f->pol, &g, NULL, &hd));
     kvt_selector_opts so = KVT_SELECTOR_OPTS_INIT;
     TU_OK(kvt_selector_create(&f->sel, &g, &so));
-    kvt_pool_opts o = tu_opts(L, H, HQ, D, P, KVT_DTYPE_F16, 420, 1400);
+    kvt_pool_opts o =
+        tu_opts(N_LAYERS, N_KV_HEADS, HQ, HEAD_DIM, PAGE_TOKENS, KVT_DTYPE_F16, 420, 1400);
     o.policy = f->pol;
     o.selector = f->sel;
     o.n_threads = 2;
@@ -122,7 +123,7 @@ static void fx_open(fx *f)
     const kvt__arena *dv = &f->p->tier[KVT_TIER_DEVICE], *hs = &f->p->tier[KVT_TIER_HOST];
     f->d_dev = dev((size_t)dv->n_blocks * f->bb);
     f->d_meta = dev((size_t)f->p->meta.n_blocks * f->p->meta.block_bytes);
-    f->d_acc = dev((size_t)NS * LH * 3 * D * sizeof(float));
+    f->d_acc = dev((size_t)NS * LH * 3 * HEAD_DIM * sizeof(float));
     f->d_devtab = dev(TAB * 4);
     f->d_metatab = dev(TAB * 4);
     CU_OK(kvt__cu_memset(f->d_devtab, 0, TAB * 4));
@@ -130,23 +131,23 @@ static void fx_open(fx *f)
     f->h_devtab = pinned(TAB * 4);
     f->h_metatab = pinned(TAB * 4);
     f->g_devtab = calloc(TAB, 4);
-    f->h_ranges = pinned(NS * H * sizeof(kvt__cu_range));
-    f->h_copies = pinned(NS * H * CAP * sizeof(kvt__cu_copy));
-    f->h_app = pinned(NS * H * sizeof(kvt__cu_append_item));
-    f->h_sc = pinned(NS * H * sizeof(kvt__cu_score_item));
-    f->h_tk = pinned(NS * H * sizeof(kvt__cu_topk_item));
-    f->h_at = pinned(NS * H * sizeof(kvt__cu_attn_item));
-    f->d_kv = dev(2 * NS * H * D * sizeof(float));
-    f->d_q = dev(NS * HQ * D * sizeof(float));
-    f->d_vote = dev(NS * H * CAP * sizeof(float));
-    f->d_out = dev(NS * HQ * D * sizeof(float));
+    f->h_ranges = pinned(NS * N_KV_HEADS * sizeof(kvt__cu_range));
+    f->h_copies = pinned(NS * N_KV_HEADS * CAP * sizeof(kvt__cu_copy));
+    f->h_app = pinned(NS * N_KV_HEADS * sizeof(kvt__cu_append_item));
+    f->h_sc = pinned(NS * N_KV_HEADS * sizeof(kvt__cu_score_item));
+    f->h_tk = pinned(NS * N_KV_HEADS * sizeof(kvt__cu_topk_item));
+    f->h_at = pinned(NS * N_KV_HEADS * sizeof(kvt__cu_attn_item));
+    f->d_kv = dev(2 * NS * N_KV_HEADS * HEAD_DIM * sizeof(float));
+    f->d_q = dev(NS * HQ * HEAD_DIM * sizeof(float));
+    f->d_vote = dev(NS * N_KV_HEADS * CAP * sizeof(float));
+    f->d_out = dev(NS * HQ * HEAD_DIM * sizeof(float));
     f->d_lse = dev(NS * HQ * sizeof(float));
-    f->d_sel = dev(NS * H * CAP * 4);
-    f->d_topk = dev(NS * H * CAP * 4);
-    f->d_nsel = dev(NS * H * 4);
-    f->d_ntopk = dev(NS * H * 4);
-    f->d_blocks = dev(NS * H * CAP * 4);
-    f->d_ntok = dev(NS * H * CAP * 4);
+    f->d_sel = dev(NS * N_KV_HEADS * CAP * 4);
+    f->d_topk = dev(NS * N_KV_HEADS * CAP * 4);
+    f->d_nsel = dev(NS * N_KV_HEADS * 4);
+    f->d_ntopk = dev(NS * N_KV_HEADS * 4);
+    f->d_blocks = dev(NS * N_KV_HEADS * CAP * 4);
+    f->d_ntok = dev(NS * N_KV_HEADS * CAP * 4);
     CU_OK(kvt__cu_host_register(hs->base, hs->map_bytes));
     CU_OK(kvt__cu_stream_create(&f->stream, 0));
 }
@@ -184,15 +185,15 @@ static void rand_rows(tu_rng *r, float *x, size_t n, float amp)
  * tables (the one time anything is copied whole). */
 static kvt_step *fx_start(fx *f, const kvt_step_opts *so)
 {
-    float *kv = malloc((size_t)PROMPT * H * D * 2 * sizeof(float));
-    float *obs = malloc((size_t)L * NOBS * HQ * D * sizeof(float));
+    float *kv = malloc((size_t)PROMPT * N_KV_HEADS * HEAD_DIM * 2 * sizeof(float));
+    float *obs = malloc((size_t)N_LAYERS * NOBS * HQ * HEAD_DIM * sizeof(float));
     for (uint32_t i = 0; i < NS; i++) {
-        for (uint32_t l = 0; l < L; l++) {
-            rand_rows(&f->r, kv, (size_t)PROMPT * H * D * 2, 1.0f);
-            TU_OK(kvt_seq_append(f->p, f->id[i], l, kv, kv + (size_t)PROMPT * H * D, PROMPT - i,
-                                 KVT_DTYPE_F32, 0));
+        for (uint32_t l = 0; l < N_LAYERS; l++) {
+            rand_rows(&f->r, kv, (size_t)PROMPT * N_KV_HEADS * HEAD_DIM * 2, 1.0f);
+            TU_OK(kvt_seq_append(f->p, f->id[i], l, kv, kv + (size_t)PROMPT * N_KV_HEADS * HEAD_DIM,
+                                 PROMPT - i, KVT_DTYPE_F32, 0));
         }
-        rand_rows(&f->r, obs, (size_t)L * NOBS * HQ * D, 1.0f);
+        rand_rows(&f->r, obs, (size_t)N_LAYERS * NOBS * HQ * HEAD_DIM, 1.0f);
         TU_OK(kvt_seq_warmup(f->p, f->id[i], obs, NOBS));
     }
     free(kv);
@@ -216,8 +217,8 @@ static kvt_step *fx_start(fx *f, const kvt_step_opts *so)
                          (size_t)f->p->meta.n_blocks * f->p->meta.block_bytes));
     for (uint32_t i = 0; i < NS; i++) {
         const kvt__seq *s = f->s[i];
-        CU_OK(kvt__cu_memcpy(f->d_acc + (size_t)i * LH * 3 * D, s->acc,
-                             (size_t)LH * 3 * D * sizeof(float)));
+        CU_OK(kvt__cu_memcpy(f->d_acc + (size_t)i * LH * 3 * HEAD_DIM, s->acc,
+                             (size_t)LH * 3 * HEAD_DIM * sizeof(float)));
         for (uint32_t lh = 0; lh < LH; lh++)
             for (uint32_t pg = 0; pg < CAP && pg < s->cap_pages; pg++) {
                 f->h_devtab[tidx(i, lh, pg)] = s->dev_block[lh * s->cap_pages + pg];
@@ -241,12 +242,12 @@ static void fx_sync(fx *f, kvt_step *st, uint32_t layer)
     for (uint32_t i = 0; i < NS; i++) {
         const kvt__seq *s = f->s[i];
         assert_true(s->cap_pages <= CAP);
-        for (uint32_t h = 0; h < H; h++) {
+        for (uint32_t h = 0; h < N_KV_HEADS; h++) {
             uint32_t first, n;
             TU_OK(kvt_step_dirty(st, layer, i, h, &first, &n));
             if (!n)
                 continue;
-            const uint32_t lh = layer * H + h;
+            const uint32_t lh = layer * N_KV_HEADS + h;
             assert_true(first + n <= s->cap_pages);
             for (uint32_t pg = first; pg < first + n; pg++) {
                 const size_t e = (size_t)lh * s->cap_pages + pg, t = tidx(i, lh, pg);
@@ -275,10 +276,10 @@ static void fx_sync(fx *f, kvt_step *st, uint32_t layer)
     CU_OK(kvt__cu_memcpy(back, f->d_devtab, TAB * 4));
     for (uint32_t i = 0; i < NS; i++) {
         const kvt__seq *s = f->s[i];
-        const uint32_t np = (s->n_tokens[layer] + P - 1) / P;
-        for (uint32_t h = 0; h < H; h++)
+        const uint32_t np = (s->n_tokens[layer] + PAGE_TOKENS - 1) / PAGE_TOKENS;
+        for (uint32_t h = 0; h < N_KV_HEADS; h++)
             for (uint32_t pg = 0; pg < np; pg++) {
-                const uint32_t lh = layer * H + h;
+                const uint32_t lh = layer * N_KV_HEADS + h;
                 const uint32_t want = s->dev_block[(size_t)lh * s->cap_pages + pg];
                 if (back[tidx(i, lh, pg)] != want)
                     fail_msg("layer %u seq %u head %u page %u: GPU table has block %u, the "
@@ -291,17 +292,18 @@ static void fx_sync(fx *f, kvt_step *st, uint32_t layer)
 
 static void fx_append(fx *f, uint32_t layer, const float *k, const float *v)
 {
-    const size_t rows = (size_t)NS * H * D;
+    const size_t rows = (size_t)NS * N_KV_HEADS * HEAD_DIM;
     CU_OK(kvt__cu_memcpy(f->d_kv, k, rows * sizeof(float)));
     CU_OK(kvt__cu_memcpy(f->d_kv + rows, v, rows * sizeof(float)));
     for (uint32_t i = 0; i < NS; i++)
-        for (uint32_t h = 0; h < H; h++) {
-            const uint32_t lh = layer * H + h;
-            f->h_app[i * H + h] = (kvt__cu_append_item){
-                ((size_t)i * H + h) * D, 0, tidx(i, lh, 0),
-                ((size_t)i * LH + lh) * 3 * D, f->s[i]->n_tokens[layer] - 1, 1};
+        for (uint32_t h = 0; h < N_KV_HEADS; h++) {
+            const uint32_t lh = layer * N_KV_HEADS + h;
+            f->h_app[i * N_KV_HEADS + h] = (kvt__cu_append_item){
+                ((size_t)i * N_KV_HEADS + h) * HEAD_DIM, 0, tidx(i, lh, 0),
+                ((size_t)i * LH + lh) * 3 * HEAD_DIM, f->s[i]->n_tokens[layer] - 1, 1};
         }
-    kvt__cu_append_args a = {f->h_app, NS * H, D, P, KVT_DTYPE_F16, KVT_DTYPE_F32,
+    kvt__cu_append_args a = {f->h_app, NS * N_KV_HEADS, HEAD_DIM, PAGE_TOKENS,
+                             KVT_DTYPE_F16, KVT_DTYPE_F32,
                              f->d_kv, f->d_kv + rows, f->d_devtab, f->d_metatab,
                              f->d_dev, f->bb, f->d_meta, f->p->meta.block_bytes, f->d_acc, 1};
     CU_OK(kvt__cu_append(&a, f->stream));
@@ -310,9 +312,9 @@ static void fx_append(fx *f, uint32_t layer, const float *k, const float *v)
     const uint64_t mb = f->p->meta.block_bytes;
     uint8_t *m = malloc(mb);
     for (uint32_t i = 0; i < NS; i++)
-        for (uint32_t h = 0; h < H; h++) {
+        for (uint32_t h = 0; h < N_KV_HEADS; h++) {
             const kvt__seq *s = f->s[i];
-            const uint32_t lh = layer * H + h, pg = (s->n_tokens[layer] - 1) / P;
+            const uint32_t lh = layer * N_KV_HEADS + h, pg = (s->n_tokens[layer] - 1) / PAGE_TOKENS;
             const uint32_t slot = s->meta_slot[(size_t)lh * s->cap_pages + pg];
             CU_OK(kvt__cu_memcpy(m, f->d_meta + (size_t)slot * mb, mb));
             if (memcmp(m, kvt__arena_block(&f->p->meta, slot), mb) != 0)
@@ -326,35 +328,36 @@ static void fx_append(fx *f, uint32_t layer, const float *k, const float *v)
 static uint32_t fx_select(fx *f, kvt_step *st, uint32_t layer, const float *q,
                           const kvt_policy *pol)
 {
-    CU_OK(kvt__cu_memcpy(f->d_q, q, (size_t)NS * HQ * D * sizeof(float)));
+    CU_OK(kvt__cu_memcpy(f->d_q, q, (size_t)NS * HQ * HEAD_DIM * sizeof(float)));
     uint32_t n = 0, checked = 0;
     for (uint32_t i = 0; i < NS; i++)
-        for (uint32_t h = 0; h < H; h++, n++) {
+        for (uint32_t h = 0; h < N_KV_HEADS; h++, n++) {
             const kvt__seq *s = f->s[i];
-            const uint32_t lh = layer * H + h, T = s->n_tokens[layer], np = (T + P - 1) / P;
+            const uint32_t lh = layer * N_KV_HEADS + h, T = s->n_tokens[layer],
+                           np = (T + PAGE_TOKENS - 1) / PAGE_TOKENS;
             kvt_policy_head_info hi = {.struct_size = sizeof hi};
             TU_OK(kvt_policy_head(pol, layer, h, &hi));
-            f->h_sc[n] = (kvt__cu_score_item){((size_t)i * HQ + h * G) * D, tidx(i, lh, 0),
-                                              (size_t)n * CAP, np, 0};
+            f->h_sc[n] = (kvt__cu_score_item){((size_t)i * HQ + h * GQA_GROUP) * HEAD_DIM,
+                                              tidx(i, lh, 0), (size_t)n * CAP, np, 0};
             f->h_tk[n] = (kvt__cu_topk_item){(size_t)n * CAP, (size_t)n * CAP, np, T,
                                              hi.top_k_pages, hi.sink_pages, hi.local_pages, 0};
         }
-    kvt__cu_score_args sa = {f->h_sc, n, G, D, KVT_DTYPE_F16, KVT_SCORE_MINMAX, KVT_VOTE_SUM,
-                             1.0f, CAP, f->d_q, f->d_metatab, f->d_meta,
+    kvt__cu_score_args sa = {f->h_sc, n, GQA_GROUP, HEAD_DIM, KVT_DTYPE_F16, KVT_SCORE_MINMAX,
+                             KVT_VOTE_SUM, 1.0f, CAP, f->d_q, f->d_metatab, f->d_meta,
                              f->p->meta.block_bytes, f->d_vote};
     CU_OK(kvt__cu_score(&sa, f->stream));
-    kvt__cu_topk_args ta = {f->h_tk, n, P, CAP, f->d_vote, f->d_sel, f->d_nsel, f->d_topk,
+    kvt__cu_topk_args ta = {f->h_tk, n, PAGE_TOKENS, CAP, f->d_vote, f->d_sel, f->d_nsel, f->d_topk,
                             f->d_ntopk};
     CU_OK(kvt__cu_topk(&ta, f->stream));
     CU_OK(kvt__cu_stream_sync(f->stream));
-    uint32_t *sel = malloc(NS * H * CAP * 4), *nsel = malloc(NS * H * 4);
-    float *vote = malloc(NS * H * CAP * sizeof(float));
-    CU_OK(kvt__cu_memcpy(sel, f->d_sel, NS * H * CAP * 4));
-    CU_OK(kvt__cu_memcpy(nsel, f->d_nsel, NS * H * 4));
-    CU_OK(kvt__cu_memcpy(vote, f->d_vote, NS * H * CAP * sizeof(float)));
+    uint32_t *sel = malloc(NS * N_KV_HEADS * CAP * 4), *nsel = malloc(NS * N_KV_HEADS * 4);
+    float *vote = malloc(NS * N_KV_HEADS * CAP * sizeof(float));
+    CU_OK(kvt__cu_memcpy(sel, f->d_sel, NS * N_KV_HEADS * CAP * 4));
+    CU_OK(kvt__cu_memcpy(nsel, f->d_nsel, NS * N_KV_HEADS * 4));
+    CU_OK(kvt__cu_memcpy(vote, f->d_vote, NS * N_KV_HEADS * CAP * sizeof(float)));
     for (uint32_t i = 0; i < NS; i++)
-        for (uint32_t h = 0; h < H; h++) {
-            const uint32_t it = i * H + h;
+        for (uint32_t h = 0; h < N_KV_HEADS; h++) {
+            const uint32_t it = i * N_KV_HEADS + h;
             uint32_t cpu[CAP], nc, rr;
             TU_OK(kvt_step_selection(st, layer, i, h, cpu, CAP, &nc, &rr));
             if (!rr)
@@ -394,30 +397,33 @@ static uint32_t fx_select(fx *f, kvt_step *st, uint32_t layer, const float *q,
 static void fx_decode(fx *f, kvt_step *st, uint32_t layer, const float *cpu_out,
                       const float *cpu_lse)
 {
-    uint32_t *blocks = malloc(NS * H * CAP * 4), *ntok = malloc(NS * H * CAP * 4);
+    uint32_t *blocks = malloc(NS * N_KV_HEADS * CAP * 4), *ntok = malloc(NS * N_KV_HEADS * CAP * 4);
     uint32_t *tab = malloc(TAB * 4);
     CU_OK(kvt__cu_memcpy(tab, f->d_devtab, TAB * 4));
     uint32_t maxp = 0;
     for (uint32_t i = 0; i < NS; i++)
-        for (uint32_t h = 0; h < H; h++) {
-            const uint32_t it = i * H + h, lh = layer * H + h, T = f->s[i]->n_tokens[layer];
+        for (uint32_t h = 0; h < N_KV_HEADS; h++) {
+            const uint32_t it = i * N_KV_HEADS + h, lh = layer * N_KV_HEADS + h,
+                           T = f->s[i]->n_tokens[layer];
             uint32_t pages[CAP], n;
             TU_OK(kvt_step_selection(st, layer, i, h, pages, CAP, &n, NULL));
             for (uint32_t j = 0; j < n; j++) {
                 blocks[it * CAP + j] = tab[tidx(i, lh, pages[j])];
                 assert_int_not_equal(blocks[it * CAP + j], 0);
-                const uint32_t end = (pages[j] + 1) * P;
-                ntok[it * CAP + j] = end <= T ? P : T - pages[j] * P;
+                const uint32_t end = (pages[j] + 1) * PAGE_TOKENS;
+                ntok[it * CAP + j] = end <= T ? PAGE_TOKENS : T - pages[j] * PAGE_TOKENS;
             }
             maxp = n > maxp ? n : maxp;
-            f->h_at[it] = (kvt__cu_attn_item){((size_t)i * HQ + h * G) * D,
-                                              ((size_t)i * HQ + h * G) * D, (size_t)i * HQ + h * G,
-                                              (size_t)it * CAP, n, 0};
+            f->h_at[it] = (kvt__cu_attn_item){((size_t)i * HQ + h * GQA_GROUP) * HEAD_DIM,
+                                              ((size_t)i * HQ + h * GQA_GROUP) * HEAD_DIM,
+                                              (size_t)i * HQ + h * GQA_GROUP, (size_t)it * CAP,
+                                              n, 0};
         }
-    CU_OK(kvt__cu_memcpy(f->d_blocks, blocks, NS * H * CAP * 4));
-    CU_OK(kvt__cu_memcpy(f->d_ntok, ntok, NS * H * CAP * 4));
-    kvt__cu_attn_args a = {f->h_at, NS * H, G, D, P, KVT_DTYPE_F16, 1.0f / sqrtf((float)D),
-                           CAP, 0, f->d_q, f->d_out, f->d_lse, f->d_blocks, f->d_ntok, f->d_dev,
+    CU_OK(kvt__cu_memcpy(f->d_blocks, blocks, NS * N_KV_HEADS * CAP * 4));
+    CU_OK(kvt__cu_memcpy(f->d_ntok, ntok, NS * N_KV_HEADS * CAP * 4));
+    kvt__cu_attn_args a = {f->h_at, NS * N_KV_HEADS, GQA_GROUP, HEAD_DIM, PAGE_TOKENS,
+                           KVT_DTYPE_F16, 1.0f / sqrtf((float)HEAD_DIM), CAP, 0,
+                           f->d_q, f->d_out, f->d_lse, f->d_blocks, f->d_ntok, f->d_dev,
                            f->bb, NULL};
     const size_t wb = kvt__cu_attn_workspace_bytes(&a);
     if (wb > f->work_bytes) {
@@ -428,12 +434,12 @@ static void fx_decode(fx *f, kvt_step *st, uint32_t layer, const float *cpu_out,
     a.d_work = f->d_work;
     CU_OK(kvt__cu_attn(&a, f->stream));
     CU_OK(kvt__cu_stream_sync(f->stream));
-    float *out = malloc(NS * HQ * D * sizeof(float)), *lse = malloc(NS * HQ * sizeof(float));
-    CU_OK(kvt__cu_memcpy(out, f->d_out, NS * HQ * D * sizeof(float)));
+    float *out = malloc(NS * HQ * HEAD_DIM * sizeof(float)), *lse = malloc(NS * HQ * sizeof(float));
+    CU_OK(kvt__cu_memcpy(out, f->d_out, NS * HQ * HEAD_DIM * sizeof(float)));
     CU_OK(kvt__cu_memcpy(lse, f->d_lse, NS * HQ * sizeof(float)));
     /* Both sides accumulate in f32 over the same f16 rows, in different
      * orders: values up to ~1 (|v| < 1 here), so 2e-5 absolute. */
-    for (size_t e = 0; e < (size_t)NS * HQ * D; e++)
+    for (size_t e = 0; e < (size_t)NS * HQ * HEAD_DIM; e++)
         if (!(fabsf(out[e] - cpu_out[e]) <= 2e-5f))
             fail_msg("layer %u: out[%zu] GPU %.9g CPU %.9g", layer, e, (double)out[e],
                      (double)cpu_out[e]);
@@ -456,17 +462,18 @@ static void test_tiered_loop(void **state)
     kvt_step_opts so = KVT_STEP_OPTS_INIT;
     so.stream = f.stream;
     kvt_step *st = fx_start(&f, &so);
-    float *k = malloc(NS * H * D * sizeof(float)), *v = malloc(NS * H * D * sizeof(float));
-    float *q = malloc(NS * HQ * D * sizeof(float));
-    float *out = malloc(NS * HQ * D * sizeof(float)), *lse = malloc(NS * HQ * sizeof(float));
+    float *k = malloc(NS * N_KV_HEADS * HEAD_DIM * sizeof(float)),
+          *v = malloc(NS * N_KV_HEADS * HEAD_DIM * sizeof(float));
+    float *q = malloc(NS * HQ * HEAD_DIM * sizeof(float));
+    float *out = malloc(NS * HQ * HEAD_DIM * sizeof(float)), *lse = malloc(NS * HQ * sizeof(float));
     uint32_t reranked = 0;
     for (uint32_t step = 0; step < STEPS; step++) {
         if (step)
             TU_OK(kvt_step_plan(f.p, f.id, NS, &so, &st));
-        for (uint32_t l = 0; l < L; l++) {
-            rand_rows(&f.r, k, NS * H * D, 1.0f);
-            rand_rows(&f.r, v, NS * H * D, 1.0f);
-            rand_rows(&f.r, q, NS * HQ * D, 1.0f);
+        for (uint32_t l = 0; l < N_LAYERS; l++) {
+            rand_rows(&f.r, k, NS * N_KV_HEADS * HEAD_DIM, 1.0f);
+            rand_rows(&f.r, v, NS * N_KV_HEADS * HEAD_DIM, 1.0f);
+            rand_rows(&f.r, q, NS * HQ * HEAD_DIM, 1.0f);
             TU_OK(kvt_append(st, l, k, v, KVT_DTYPE_F32, 0));
             fx_sync(&f, st, l);
             fx_append(&f, l, k, v);

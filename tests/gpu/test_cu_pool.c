@@ -21,12 +21,12 @@
 #include "internal.h"
 #include "gputest.h"
 
-#define L 2u
-#define H 4u
+#define N_LAYERS 2u
+#define N_KV_HEADS 4u
 #define HQ 8u
-#define G (HQ / H)
-#define D 64u
-#define P 16u
+#define GQA_GROUP (HQ / N_KV_HEADS)
+#define HEAD_DIM 64u
+#define PAGE_TOKENS 16u
 #define NS 3u
 #define STEPS 20u
 #define MAXPG 128u
@@ -45,7 +45,8 @@ typedef struct {
 
 static kvt_pool_opts opts_of(kvt_backend b)
 {
-    kvt_pool_opts o = tu_opts(L, H, HQ, D, P, KVT_DTYPE_F16, 2000, 0);
+    kvt_pool_opts o =
+        tu_opts(N_LAYERS, N_KV_HEADS, HQ, HEAD_DIM, PAGE_TOKENS, KVT_DTYPE_F16, 2000, 0);
     o.backend = b;
     o.n_threads = 2;
     o.max_seqs = 8;
@@ -61,7 +62,7 @@ static void fx_open(fx *f, uint64_t seed, uint32_t top_k, uint32_t interval)
     kvt_pool_opts oc = opts_of(KVT_BACKEND_CPU), og = opts_of(KVT_BACKEND_CUDA);
     TU_OK(kvt_pool_create(&f->cpu, &oc));
     TU_OK(kvt_pool_create(&f->gpu, &og));
-    kvt_geometry g = {L, H, HQ, D, P, KVT_DTYPE_F16, {0, 0}};
+    kvt_geometry g = {N_LAYERS, N_KV_HEADS, HQ, HEAD_DIM, PAGE_TOKENS, KVT_DTYPE_F16, {0, 0}};
     kvt_selector_opts so = KVT_SELECTOR_OPTS_INIT;
     so.top_k_pages = top_k;
     so.rerank_interval = interval;
@@ -84,11 +85,12 @@ static void run_step(fx *f, uint32_t flags, bool reselect, bool no_stream, uint3
 {
     kvt_step *sc, *sg;
     plan_both(f, flags, no_stream, &sc, &sg);
-    float k[NS * H * D], v[NS * H * D], q[NS * HQ * D], out[NS * HQ * D], lse[NS * HQ];
-    for (uint32_t l = 0; l < L; l++) {
-        rand_rows(&f->r, k, NS * H * D);
-        rand_rows(&f->r, v, NS * H * D);
-        rand_rows(&f->r, q, NS * HQ * D);
+    float k[NS * N_KV_HEADS * HEAD_DIM], v[NS * N_KV_HEADS * HEAD_DIM], q[NS * HQ * HEAD_DIM],
+        out[NS * HQ * HEAD_DIM], lse[NS * HQ];
+    for (uint32_t l = 0; l < N_LAYERS; l++) {
+        rand_rows(&f->r, k, NS * N_KV_HEADS * HEAD_DIM);
+        rand_rows(&f->r, v, NS * N_KV_HEADS * HEAD_DIM);
+        rand_rows(&f->r, q, NS * HQ * HEAD_DIM);
         CU_OK(kvt__cu_memcpy(f->d_k, k, sizeof k));
         CU_OK(kvt__cu_memcpy(f->d_v, v, sizeof v));
         CU_OK(kvt__cu_memcpy(f->d_q, q, sizeof q));
@@ -100,7 +102,7 @@ static void run_step(fx *f, uint32_t flags, bool reselect, bool no_stream, uint3
         *reranked += compare_layer(sc, sg, l, out, lse, f);
     }
     if (reselect) {
-        rand_rows(&f->r, q, NS * HQ * D);
+        rand_rows(&f->r, q, NS * HQ * HEAD_DIM);
         CU_OK(kvt__cu_memcpy(f->d_q, q, sizeof q));
         TU_OK(kvt_attend(sc, 0, q, out, lse));
         NO_DEVICE_SYNC(kvt_attend(sg, 0, f->d_q, f->d_out, f->d_lse));
@@ -118,11 +120,11 @@ static void test_pool_vs_cpu(void **state)
     kvt_stats st = {.struct_size = sizeof st};
     TU_OK(kvt_pool_stats(f.gpu, &st));
     assert_int_equal(st.backend, KVT_BACKEND_CUDA);
-    kvt_geometry g = {L, H, HQ, D, P, KVT_DTYPE_F16, {0, 0}};
-    f.d_k = dev(NS * H * D * sizeof(float));
-    f.d_v = dev(NS * H * D * sizeof(float));
-    f.d_q = dev(NS * HQ * D * sizeof(float));
-    f.d_out = dev(NS * HQ * D * sizeof(float));
+    kvt_geometry g = {N_LAYERS, N_KV_HEADS, HQ, HEAD_DIM, PAGE_TOKENS, KVT_DTYPE_F16, {0, 0}};
+    f.d_k = dev(NS * N_KV_HEADS * HEAD_DIM * sizeof(float));
+    f.d_v = dev(NS * N_KV_HEADS * HEAD_DIM * sizeof(float));
+    f.d_q = dev(NS * HQ * HEAD_DIM * sizeof(float));
+    f.d_out = dev(NS * HQ * HEAD_DIM * sizeof(float));
     f.d_lse = dev(NS * HQ * sizeof(float));
     new_seq(&f, 0, 37);
     new_seq(&f, 1, 100);
@@ -164,7 +166,7 @@ static void test_pool_vs_cpu(void **state)
 
     /* What the CUDA backend does not serve in this release. */
     uint32_t pages[64], n;
-    float q[G * D] = {0};
+    float q[GQA_GROUP * HEAD_DIM] = {0};
     TU_EXPECT_ERR(kvt_select(f.sel, f.gpu, f.ig[0], 0, 0, q, pages, 64, &n, NULL), KVT_ENOTSUP,
                   "kvt_step_select");
     kvt_pool *p2 = NULL;
@@ -206,28 +208,31 @@ static void test_prefill_after_finish(void **state)
     new_seq(&f, 1, 90);
     new_seq(&f, 2, 60);
     enum { CH = 20 };
-    const size_t kv = NS * H * D, qn = NS * HQ * D, ch = (size_t)CH * H * D;
-    float *k = malloc(L * kv * 4), *v = malloc(L * kv * 4), *q = malloc(L * qn * 4);
-    float *ck = malloc(L * ch * 4), *cv = malloc(L * ch * 4), *out = malloc(L * qn * 4);
-    float *out_g = malloc(qn * 4), lse[L][NS * HQ], lse_g[NS * HQ];
+    const size_t kv = NS * N_KV_HEADS * HEAD_DIM, qn = NS * HQ * HEAD_DIM,
+                 ch = (size_t)CH * N_KV_HEADS * HEAD_DIM;
+    float *k = malloc(N_LAYERS * kv * 4), *v = malloc(N_LAYERS * kv * 4),
+          *q = malloc(N_LAYERS * qn * 4);
+    float *ck = malloc(N_LAYERS * ch * 4), *cv = malloc(N_LAYERS * ch * 4),
+          *out = malloc(N_LAYERS * qn * 4);
+    float *out_g = malloc(qn * 4), lse[N_LAYERS][NS * HQ], lse_g[NS * HQ];
     assert_true(k && v && q && ck && cv && out && out_g);
-    rand_rows(&f.r, k, L * kv);
-    rand_rows(&f.r, v, L * kv);
-    rand_rows(&f.r, q, L * qn);
-    rand_rows(&f.r, ck, L * ch);
-    rand_rows(&f.r, cv, L * ch);
-    float *dk = dev(L * kv * 4), *dv = dev(L * kv * 4), *dq = dev(L * qn * 4);
-    float *dck = dev(L * ch * 4), *dcv = dev(L * ch * 4);
-    float *dout = dev(L * qn * 4), *dlse = dev(L * NS * HQ * 4);
-    CU_OK(kvt__cu_memcpy(dk, k, L * kv * 4));
-    CU_OK(kvt__cu_memcpy(dv, v, L * kv * 4));
-    CU_OK(kvt__cu_memcpy(dq, q, L * qn * 4));
-    CU_OK(kvt__cu_memcpy(dck, ck, L * ch * 4));
-    CU_OK(kvt__cu_memcpy(dcv, cv, L * ch * 4));
+    rand_rows(&f.r, k, N_LAYERS * kv);
+    rand_rows(&f.r, v, N_LAYERS * kv);
+    rand_rows(&f.r, q, N_LAYERS * qn);
+    rand_rows(&f.r, ck, N_LAYERS * ch);
+    rand_rows(&f.r, cv, N_LAYERS * ch);
+    float *dk = dev(N_LAYERS * kv * 4), *dv = dev(N_LAYERS * kv * 4), *dq = dev(N_LAYERS * qn * 4);
+    float *dck = dev(N_LAYERS * ch * 4), *dcv = dev(N_LAYERS * ch * 4);
+    float *dout = dev(N_LAYERS * qn * 4), *dlse = dev(N_LAYERS * NS * HQ * 4);
+    CU_OK(kvt__cu_memcpy(dk, k, N_LAYERS * kv * 4));
+    CU_OK(kvt__cu_memcpy(dv, v, N_LAYERS * kv * 4));
+    CU_OK(kvt__cu_memcpy(dq, q, N_LAYERS * qn * 4));
+    CU_OK(kvt__cu_memcpy(dck, ck, N_LAYERS * ch * 4));
+    CU_OK(kvt__cu_memcpy(dcv, cv, N_LAYERS * ch * 4));
 
     kvt_step *sc, *sg;
     plan_both(&f, 0, false, &sc, &sg);
-    for (uint32_t l = 0; l < L; l++) {
+    for (uint32_t l = 0; l < N_LAYERS; l++) {
         TU_OK(kvt_append(sc, l, k + l * kv, v + l * kv, KVT_DTYPE_F32, 0));
         NO_DEVICE_SYNC(kvt_append(sg, l, dk + l * kv, dv + l * kv, KVT_DTYPE_F32, 0));
         TU_OK(kvt_attend(sc, l, q + l * qn, out + l * qn, lse[l]));
@@ -237,13 +242,13 @@ static void test_prefill_after_finish(void **state)
     NO_DEVICE_SYNC(kvt_step_finish(sg));
     TU_OK(kvt_seq_release(f.cpu, f.ic[1]));
     NO_DEVICE_SYNC(kvt_seq_release(f.gpu, f.ig[1]));
-    for (uint32_t l = 0; l < L; l++) {
+    for (uint32_t l = 0; l < N_LAYERS; l++) {
         TU_OK(kvt_seq_append(f.cpu, f.ic[0], l, ck + l * ch, cv + l * ch, CH, KVT_DTYPE_F32, 0));
         NO_DEVICE_SYNC(kvt_seq_append(f.gpu, f.ig[0], l, dck + l * ch, dcv + l * ch, CH,
                                       KVT_DTYPE_F32, 0));
     }
     CU_OK(kvt__cu_stream_sync(f.stream));
-    for (uint32_t l = 0; l < L; l++) {
+    for (uint32_t l = 0; l < N_LAYERS; l++) {
         CU_OK(kvt__cu_memcpy(out_g, dout + l * qn, qn * 4));
         CU_OK(kvt__cu_memcpy(lse_g, dlse + l * NS * HQ, sizeof lse_g));
         for (uint32_t i = 0; i < NS; i++)

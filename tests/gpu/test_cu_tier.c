@@ -55,15 +55,15 @@
 #include "internal.h"
 #include "gputest.h"
 
-#define L 2u
-#define H 4u
+#define N_LAYERS 2u
+#define N_KV_HEADS 4u
 #define HQ 8u
-#define G (HQ / H)
-#define D 64u
-#define P 32u /* 8 KiB blocks of f16: one O_DIRECT slot */
+#define GQA_GROUP (HQ / N_KV_HEADS)
+#define HEAD_DIM 64u
+#define PAGE_TOKENS 32u /* 8 KiB blocks of f16: one O_DIRECT slot */
 #define NS 3u
 #define STEPS 24u
-#define NLH (L * H)
+#define NLH (N_LAYERS * N_KV_HEADS)
 #define MAXPG 64u
 
 static char g_dir[256];
@@ -90,7 +90,8 @@ static kvt_pool_opts opts_of(fx *f, kvt_backend b, uint64_t dev_blocks, uint64_t
     f->mo.segment_extents = 2;
     f->mo.max_io_bytes = 4 * 8192;
     f->mo.copy_threads = 2;
-    kvt_pool_opts o = tu_opts(L, H, HQ, D, P, KVT_DTYPE_F16, dev_blocks, host_blocks);
+    kvt_pool_opts o = tu_opts(N_LAYERS, N_KV_HEADS, HQ, HEAD_DIM, PAGE_TOKENS, KVT_DTYPE_F16,
+                              dev_blocks, host_blocks);
     o.backend = b;
     o.n_threads = 2;
     o.max_seqs = 8;
@@ -111,9 +112,9 @@ static void same_placement_of(const fx *f, uint32_t layer, const char *when, boo
     for (uint32_t i = 0; i < NS; i++) {
         uint32_t T;
         TU_OK(kvt_seq_length(f->cpu, f->ic[i], layer, &T));
-        const uint32_t np = (T + P - 1) / P;
+        const uint32_t np = (T + PAGE_TOKENS - 1) / PAGE_TOKENS;
         assert_true(np <= MAXPG);
-        for (uint32_t h = 0; h < H; h++) {
+        for (uint32_t h = 0; h < N_KV_HEADS; h++) {
             uint32_t da[MAXPG], db[MAXPG];
             uint8_t ra[MAXPG], rb[MAXPG];
             TU_OK(kvt_seq_block_table(f->cpu, f->ic[i], layer, h, 0, np, da, NULL, ra));
@@ -160,10 +161,10 @@ static void same_stats(const fx *f, uint32_t step)
 static void fx_buffers(fx *f)
 {
     CU_OK(kvt__cu_stream_create(&f->stream, 0));
-    f->d_k = dev(NS * H * D * sizeof(float));
-    f->d_v = dev(NS * H * D * sizeof(float));
-    f->d_q = dev(NS * HQ * D * sizeof(float));
-    f->d_out = dev(NS * HQ * D * sizeof(float));
+    f->d_k = dev(NS * N_KV_HEADS * HEAD_DIM * sizeof(float));
+    f->d_v = dev(NS * N_KV_HEADS * HEAD_DIM * sizeof(float));
+    f->d_q = dev(NS * HQ * HEAD_DIM * sizeof(float));
+    f->d_out = dev(NS * HQ * HEAD_DIM * sizeof(float));
     f->d_lse = dev(NS * HQ * sizeof(float));
 }
 
@@ -185,11 +186,12 @@ static void run_step(fx *f, uint32_t step, uint32_t *reranked)
 {
     kvt_step *sc, *sg;
     plan_both(f, 0, false, &sc, &sg);
-    float k[NS * H * D], v[NS * H * D], q[NS * HQ * D], out[NS * HQ * D], lse[NS * HQ];
-    for (uint32_t l = 0; l < L; l++) {
-        rand_rows(&f->r, k, NS * H * D);
-        rand_rows(&f->r, v, NS * H * D);
-        rand_rows(&f->r, q, NS * HQ * D);
+    float k[NS * N_KV_HEADS * HEAD_DIM], v[NS * N_KV_HEADS * HEAD_DIM], q[NS * HQ * HEAD_DIM],
+        out[NS * HQ * HEAD_DIM], lse[NS * HQ];
+    for (uint32_t l = 0; l < N_LAYERS; l++) {
+        rand_rows(&f->r, k, NS * N_KV_HEADS * HEAD_DIM);
+        rand_rows(&f->r, v, NS * N_KV_HEADS * HEAD_DIM);
+        rand_rows(&f->r, q, NS * HQ * HEAD_DIM);
         CU_OK(kvt__cu_memcpy(f->d_k, k, sizeof k));
         CU_OK(kvt__cu_memcpy(f->d_v, v, sizeof v));
         CU_OK(kvt__cu_memcpy(f->d_q, q, sizeof q));
@@ -209,7 +211,7 @@ static void run_step(fx *f, uint32_t step, uint32_t *reranked)
     TU_OK(kvt_pool_mover(f->gpu, &mg));
     TU_OK(kvt_mover_wait(mc, KVT_FENCE_ALL, UINT64_MAX));
     NO_DEVICE_SYNC(kvt_mover_wait(mg, KVT_FENCE_ALL, UINT64_MAX));
-    for (uint32_t l = 0; l < L; l++)
+    for (uint32_t l = 0; l < N_LAYERS; l++)
         same_placement(f, l, "after the step");
     same_stats(f, step);
     TU_CHECK(f->cpu);
@@ -222,12 +224,12 @@ static void make_policy(fx *f, const kvt_geometry *g)
     kvt_head_class cls[NLH];
     uint32_t k[NLH], w[NLH], sink[NLH], local[NLH], iv[NLH];
     for (uint32_t b = 0; b < NLH; b++) {
-        cls[b] = b % H == 3 ? KVT_HEAD_UNSTABLE : KVT_HEAD_STABLE;
+        cls[b] = b % N_KV_HEADS == 3 ? KVT_HEAD_UNSTABLE : KVT_HEAD_STABLE;
         k[b] = 3 + b % 2;
         w[b] = 2;
         sink[b] = 1;
         local[b] = 1;
-        iv[b] = b % H == 3 ? 1 : 2 + b % 3;
+        iv[b] = b % N_KV_HEADS == 3 ? 1 : 2 + b % 3;
     }
     kvt_policy_heads hd = {sizeof hd, NLH, cls, k, w, sink, local, iv};
     TU_OK(kvt_policy_create_heads(&f->pol, g, NULL, &hd));
@@ -243,7 +245,7 @@ static void tiered_open(fx *f, uint64_t seed)
 {
     memset(f, 0, sizeof *f);
     f->r = (tu_rng){seed};
-    kvt_geometry g = {L, H, HQ, D, P, KVT_DTYPE_F16, {0, 0}};
+    kvt_geometry g = {N_LAYERS, N_KV_HEADS, HQ, HEAD_DIM, PAGE_TOKENS, KVT_DTYPE_F16, {0, 0}};
     make_policy(f, &g);
     kvt_selector_opts so = KVT_SELECTOR_OPTS_INIT;
     TU_OK(kvt_selector_create(&f->sel, &g, &so));
@@ -262,7 +264,7 @@ static void run_tiered(uint32_t delay_us)
 {
     fx f;
     tiered_open(&f, 0x7133edull);
-    for (uint32_t l = 0; l < L; l++)
+    for (uint32_t l = 0; l < N_LAYERS; l++)
         same_placement(&f, l, "after the prefill");
     uint32_t reranked = 0;
     const uint64_t rf0 = kvt__cuda_ready_first;
@@ -357,8 +359,9 @@ static void test_failed_promotion(void **state)
     uint32_t reranked = 0;
     for (uint32_t step = 0; step < 2; step++)
         run_step(&f, step, &reranked);
-    const size_t qn = NS * HQ * D;
-    float k[NS * H * D], v[NS * H * D], q[NS * HQ * D], out[NS * HQ * D], lse[NS * HQ];
+    const size_t qn = NS * HQ * HEAD_DIM;
+    float k[NS * N_KV_HEADS * HEAD_DIM], v[NS * N_KV_HEADS * HEAD_DIM], q[NS * HQ * HEAD_DIM],
+        out[NS * HQ * HEAD_DIM], lse[NS * HQ];
     float *out_g = malloc(qn * sizeof(float)), lse_g[NS * HQ];
     assert_non_null(out_g);
     uint32_t hit_layer = UINT32_MAX, failed = 0, fail_seq = 0;
@@ -366,10 +369,10 @@ static void test_failed_promotion(void **state)
     for (uint32_t step = 2; step < 12 && hit_layer == UINT32_MAX; step++) {
         kvt_step *sc, *sg;
         plan_both(&f, 0, false, &sc, &sg);
-        for (uint32_t l = 0; l < L; l++) {
-            rand_rows(&f.r, k, NS * H * D);
-            rand_rows(&f.r, v, NS * H * D);
-            rand_rows(&f.r, q, NS * HQ * D);
+        for (uint32_t l = 0; l < N_LAYERS; l++) {
+            rand_rows(&f.r, k, NS * N_KV_HEADS * HEAD_DIM);
+            rand_rows(&f.r, v, NS * N_KV_HEADS * HEAD_DIM);
+            rand_rows(&f.r, q, NS * HQ * HEAD_DIM);
             CU_OK(kvt__cu_memcpy(f.d_k, k, sizeof k));
             CU_OK(kvt__cu_memcpy(f.d_v, v, sizeof v));
             CU_OK(kvt__cu_memcpy(f.d_q, q, sizeof q));
@@ -393,7 +396,7 @@ static void test_failed_promotion(void **state)
             CU_OK(kvt__cu_memcpy(lse_g, f.d_lse, sizeof lse_g));
             for (uint32_t i = 0; i < NS; i++) {
                 bool empty = true;
-                for (size_t e = (size_t)i * HQ * D; e < (size_t)(i + 1) * HQ * D; e++)
+                for (size_t e = (size_t)i * HQ * HEAD_DIM; e < (size_t)(i + 1) * HQ * HEAD_DIM; e++)
                     empty = empty && out_g[e] == 0.0f;
                 for (size_t e = (size_t)i * HQ; e < (size_t)(i + 1) * HQ; e++)
                     empty = empty && isinf(lse_g[e]) && lse_g[e] < 0;
@@ -427,11 +430,11 @@ static void test_failed_promotion(void **state)
     kvt_step *sg;
     NO_DEVICE_SYNC(kvt_step_plan(f.gpu, f.ig, NS, &sgo, &sg));
     uint32_t rescored = 0;
-    for (uint32_t l = 0; l < L; l++) {
+    for (uint32_t l = 0; l < N_LAYERS; l++) {
         NO_DEVICE_SYNC(kvt_append(sg, l, f.d_k, f.d_v, KVT_DTYPE_F32, 0));
         NO_DEVICE_SYNC(kvt_rerank_recycle(sg, l, f.d_q));
         NO_DEVICE_SYNC(kvt_sparse_decode(sg, l, f.d_q, f.d_out, f.d_lse));
-        for (uint32_t h = 0; l == hit_layer && h < H; h++) {
+        for (uint32_t h = 0; l == hit_layer && h < N_KV_HEADS; h++) {
             uint32_t b[MAXPG], nb, rb;
             NO_DEVICE_SYNC(kvt_step_selection(sg, l, fail_seq, h, b, MAXPG, &nb, &rb));
             rescored += h != 3 && rb; /* head 3 is unstable: it rescores every step */
@@ -452,12 +455,12 @@ static void same_importance(const fx *f, uint32_t i, bool exact, const char *wha
     kvt__seq *a, *b;
     TU_OK(kvt__seq_lookup(f->cpu, f->ic[i], &a));
     TU_OK(kvt__seq_lookup(f->gpu, f->ig[i], &b));
-    for (uint32_t l = 0; l < L; l++)
-        for (uint32_t h = 0; h < H; h++) {
-            const size_t lh = (size_t)l * H + h;
+    for (uint32_t l = 0; l < N_LAYERS; l++)
+        for (uint32_t h = 0; h < N_KV_HEADS; h++) {
+            const size_t lh = (size_t)l * N_KV_HEADS + h;
             if (h == 3) /* unstable */
                 continue;
-            for (uint32_t pg = 0; pg < (a->n_tokens[l] + P - 1) / P; pg++) {
+            for (uint32_t pg = 0; pg < (a->n_tokens[l] + PAGE_TOKENS - 1) / PAGE_TOKENS; pg++) {
                 const float x = a->imp[lh * a->cap_pages + pg], y = b->imp[lh * b->cap_pages + pg];
                 const bool ok = exact ? memcmp(&x, &y, sizeof x) == 0
                                       : fabsf(x - y) <= 2e-5f * (1.0f + fabsf(x));
@@ -492,7 +495,7 @@ static void test_warmup_vs_cpu(void **state)
         memset(&f, 0, sizeof f);
         f.r = (tu_rng){0x3a47ull + c};
         f.ints = true;
-        kvt_geometry g = {L, H, HQ, D, P, KVT_DTYPE_F16, {0, 0}};
+        kvt_geometry g = {N_LAYERS, N_KV_HEADS, HQ, HEAD_DIM, PAGE_TOKENS, KVT_DTYPE_F16, {0, 0}};
         make_policy(&f, &g);
         kvt_selector_opts so = KVT_SELECTOR_OPTS_INIT;
         so.method = cfg[c].method;
@@ -506,7 +509,7 @@ static void test_warmup_vs_cpu(void **state)
         TU_OK(kvt_pool_create(&f.gpu, &og));
         fx_buffers(&f);
         const uint32_t len[NS] = {300, 530, 700};
-        float *obs = malloc((size_t)L * NOBS * HQ * D * sizeof(float));
+        float *obs = malloc((size_t)N_LAYERS * NOBS * HQ * HEAD_DIM * sizeof(float));
         kvt_mover *mc, *mg;
         TU_OK(kvt_pool_mover(f.cpu, &mc));
         TU_OK(kvt_pool_mover(f.gpu, &mg));
@@ -517,7 +520,7 @@ static void test_warmup_vs_cpu(void **state)
             new_seq(&f, i, len[i]);
             TU_OK(kvt_mover_wait(mc, KVT_FENCE_ALL, UINT64_MAX));
             TU_OK(kvt_mover_wait(mg, KVT_FENCE_ALL, UINT64_MAX));
-            int_rows(&f.r, obs, (size_t)L * NOBS * HQ * D);
+            int_rows(&f.r, obs, (size_t)N_LAYERS * NOBS * HQ * HEAD_DIM);
             TU_OK(kvt_seq_warmup(f.cpu, f.ic[i], obs, NOBS));
             TU_OK(kvt_seq_warmup(f.gpu, f.ig[i], obs, NOBS));
             same_importance(&f, i, cfg[c].vote != KVT_VOTE_SOFTVOTE, what);
@@ -525,7 +528,7 @@ static void test_warmup_vs_cpu(void **state)
             TU_OK(kvt_mover_wait(mg, KVT_FENCE_ALL, UINT64_MAX));
         }
         free(obs);
-        for (uint32_t l = 0; l < L; l++)
+        for (uint32_t l = 0; l < N_LAYERS; l++)
             same_placement(&f, l, what);
         same_stats(&f, 0);
         assert_true(stats_of(f.gpu).promoted_pages > 0);
@@ -567,7 +570,7 @@ static void move_both(fx *f, const kvt_move *mc, uint32_t n)
     /* Block numbers may differ: the sources a batch drops go back to the
      * free list in the order their copies finish, which the copy threads'
      * and the I/O thread's timing decides on either backend. */
-    for (uint32_t l = 0; l < L; l++)
+    for (uint32_t l = 0; l < N_LAYERS; l++)
         same_placement_of(f, l, "after a batch of moves", false);
     same_contents(f);
     TU_CHECK(f->cpu);
@@ -584,7 +587,7 @@ static void run_moves(size_t kernel_max, bool unpinned)
     fx f;
     memset(&f, 0, sizeof f);
     f.r = (tu_rng){0x30e5ull};
-    kvt_geometry g = {L, H, HQ, D, P, KVT_DTYPE_F16, {0, 0}};
+    kvt_geometry g = {N_LAYERS, N_KV_HEADS, HQ, HEAD_DIM, PAGE_TOKENS, KVT_DTYPE_F16, {0, 0}};
     kvt_selector_opts so = KVT_SELECTOR_OPTS_INIT;
     so.top_k_pages = 2;
     so.sink_pages = 1;
@@ -621,12 +624,12 @@ static void run_moves(size_t kernel_max, bool unpinned)
     sc_o.flags = KVT_STEP_DENSE;
     kvt_step_opts sg_o = sc_o;
     sg_o.stream = f.stream;
-    float q[NS * HQ * D], out[NS * HQ * D], lse[NS * HQ];
+    float q[NS * HQ * HEAD_DIM], out[NS * HQ * HEAD_DIM], lse[NS * HQ];
     for (int round = 0; round < 2; round++) {
         kvt_step *sc, *sg;
         TU_OK(kvt_step_plan(f.cpu, f.ic, NS, &sc_o, &sc));
         TU_OK(kvt_step_plan(f.gpu, f.ig, NS, &sg_o, &sg));
-        rand_rows(&f.r, q, NS * HQ * D);
+        rand_rows(&f.r, q, NS * HQ * HEAD_DIM);
         CU_OK(kvt__cu_memcpy(f.d_q, q, sizeof q));
         TU_OK(kvt_attend(sc, 1, q, out, lse));
         if (round == 0) {
@@ -652,26 +655,27 @@ static void run_moves(size_t kernel_max, bool unpinned)
     {
         uint32_t T;
         TU_OK(kvt_seq_length(f.cpu, s0, 0, &T));
-        const uint32_t need = P - T % P; /* steps until the token that fills the page */
+        /* Steps until the token that fills the page. */
+        const uint32_t need = PAGE_TOKENS - T % PAGE_TOKENS;
         for (uint32_t st = 0; st < need; st++) {
             kvt_step *sc, *sg;
-            float k[NS * H * D], v[NS * H * D];
+            float k[NS * N_KV_HEADS * HEAD_DIM], v[NS * N_KV_HEADS * HEAD_DIM];
             TU_OK(kvt_step_plan(f.cpu, f.ic, NS, &sc_o, &sc));
             TU_OK(kvt_step_plan(f.gpu, f.ig, NS, &sg_o, &sg));
-            rand_rows(&f.r, k, NS * H * D);
-            rand_rows(&f.r, v, NS * H * D);
+            rand_rows(&f.r, k, NS * N_KV_HEADS * HEAD_DIM);
+            rand_rows(&f.r, v, NS * N_KV_HEADS * HEAD_DIM);
             CU_OK(kvt__cu_memcpy(f.d_k, k, sizeof k));
             CU_OK(kvt__cu_memcpy(f.d_v, v, sizeof v));
             TU_OK(kvt_append(sc, 0, k, v, KVT_DTYPE_F32, 0));
             TU_OK(kvt_append(sg, 0, f.d_k, f.d_v, KVT_DTYPE_F32, 0));
             if (st + 1 == need) { /* the page is full with this step's token, still queued */
-                const kvt_move out1[] = {{s0, 0, 0, T / P, DV, HO, 0}};
+                const kvt_move out1[] = {{s0, 0, 0, T / PAGE_TOKENS, DV, HO, 0}};
                 move_both(&f, out1, 1);
             }
             TU_OK(kvt_step_finish(sc));
             TU_OK(kvt_step_finish(sg));
         }
-        const kvt_move drop[] = {{s0, 0, 0, T / P, DV, HO, DROP}};
+        const kvt_move drop[] = {{s0, 0, 0, T / PAGE_TOKENS, DV, HO, DROP}};
         move_both(&f, drop, 1);
     }
     fx_free(&f);
@@ -701,7 +705,7 @@ static void test_copier_rounds(void **state)
     fx f;
     memset(&f, 0, sizeof f);
     tu_rng r = {0xc09e5ull};
-    kvt_geometry g = {L, H, HQ, D, P, KVT_DTYPE_F16, {0, 0}};
+    kvt_geometry g = {N_LAYERS, N_KV_HEADS, HQ, HEAD_DIM, PAGE_TOKENS, KVT_DTYPE_F16, {0, 0}};
     kvt_selector_opts so = KVT_SELECTOR_OPTS_INIT;
     TU_OK(kvt_selector_create(&f.sel, &g, &so));
     kvt_pool_opts og = opts_of(&f, KVT_BACKEND_CUDA, 64, 64, false);
