@@ -44,7 +44,8 @@ GPU_REAL_BINS := $(GPU_TESTS:%=$(O)/tests/gpu/%)
 GPU_EMU_BINS  := $(GPU_TESTS:%=$(O)/tests/gpu/%-emu) $(if $(wildcard tests/gpu/test_emu.cpp),$(O)/tests/gpu/test_emu)
 GPU_TEST_BINS := $(GPU_REAL_BINS) $(GPU_EMU_BINS)
 
-$(O)/obj-test/gpu/%.o: tests/gpu/%.c tests/testutil.h $(wildcard tests/gpu/*.h) $(CUDA_HDRS) | $(O)/config-test.mk
+$(O)/obj-test/gpu/%.o: tests/gpu/%.c tests/testutil.h $(wildcard tests/gpu/*.h) $(CUDA_HDRS) \
+                       $(wildcard lib/*/*.h) | $(O)/config-test.mk
 	@mkdir -p $(dir $@)
 	$(CC) $(GPU_TEST_CFLAGS) -c $< -o $@
 $(GPU_REAL_BINS): $(O)/tests/gpu/%: $(O)/obj-test/gpu/%.o $(LIB_A)

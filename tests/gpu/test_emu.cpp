@@ -7,7 +7,7 @@
 //
 // Build (emulated only; there is no GPU build of this test):
 //   g++ -std=c++17 -O1 -g -Wall -Wextra -DKVT_CUDA_EMU -Iinclude -Icuda
-//       -I/usr/local/cuda/include tests/gpu/test_emu.cpp cuda/emu/emu.cpp -lcmocka
+//       -I/usr/local/cuda/include tests/gpu/test_emu.cpp cuda/emu/*.cpp -lcmocka
 #ifndef KVT_CUDA_EMU
 #error "test_emu.cpp tests the CUDA emulator: build it with -DKVT_CUDA_EMU"
 #endif
