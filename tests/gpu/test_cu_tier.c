@@ -739,19 +739,20 @@ static void test_copier_rounds(void **state)
     CU_OK(kvt__cu_memcpy(dv, back, 2 * S));
     kvt__cuda_copy_kernel_max = 4096;
     void *cp = NULL;
-    CU_OK(kvt__cuda_mv_stream(f.gpu, &cp));
+    const kvt__backend *be = f.gpu->be;
+    CU_OK(be->copier_open(f.gpu, &cp));
     for (uint32_t j = 0; j < NC; j++) {
         const size_t o = off[j];
         switch (kind[j]) {
-        case 0: CU_OK(kvt__cuda_mv_copy(f.gpu, cp, NULL, dv + S + o, hp + o, size[j], true)); break;
-        case 1: CU_OK(kvt__cuda_mv_copy(f.gpu, cp, NULL, dv + S + o, pg + o, size[j], false)); break;
-        case 2: CU_OK(kvt__cuda_mv_copy(f.gpu, cp, NULL, hp + S + o, dv + o, size[j], true)); break;
-        default: CU_OK(kvt__cuda_mv_copy(f.gpu, cp, NULL, pg + S + o, dv + o, size[j], false));
+        case 0: CU_OK(be->copy(f.gpu, cp, NULL, dv + S + o, hp + o, size[j], true)); break;
+        case 1: CU_OK(be->copy(f.gpu, cp, NULL, dv + S + o, pg + o, size[j], false)); break;
+        case 2: CU_OK(be->copy(f.gpu, cp, NULL, hp + S + o, dv + o, size[j], true)); break;
+        default: CU_OK(be->copy(f.gpu, cp, NULL, pg + S + o, dv + o, size[j], false));
         }
     }
-    CU_OK(kvt__cuda_mv_sync(f.gpu, cp));
+    CU_OK(be->copier_sync(f.gpu, cp));
     kvt__cuda_copy_kernel_max = KVT__CU_COPY_KERNEL_MAX;
-    kvt__cuda_mv_stream_free(cp);
+    be->copier_close(cp);
     CU_OK(kvt__cu_memcpy(back, dv, 2 * S));
     /* The expected destinations, built on the host. */
     uint8_t *want_dv = malloc(S), *want_hp = malloc(S), *want_pg = malloc(S);
