@@ -274,6 +274,9 @@ KVT__HIDDEN int kvt__cu_copy_memcpy(const kvt__cu_copy *h_list, uint32_t n, void
  * until kvtier-bench --backend cuda copy has measured the crossover on a
  * GPU). */
 #define KVT__CU_COPY_KERNEL_MAX (1u << 20)
+/* Bytes of raw scores one call of the warm-up's GPU scoring may hold (the
+ * observation queries are split into calls below this). */
+#define KVT__CU_WARM_BUDGET ((size_t)64 << 20)
 
 /* Dirty-range table sync: for each range, n entries of the pinned host
  * table (read through UVA) from h_table[src_off] to d_table[dst_off]. */

@@ -31,7 +31,23 @@ $(O)/obj-emu/%.o: %.cpp $(CUDA_HDRS)
 	@mkdir -p $(dir $@)
 	$(CXX) $(EMU_CXXFLAGS) -c $< -o $@
 
-$(EMU_LIB): $(filter-out $(CU_SRCS:%.cu=$(O)/obj/%.o),$(LIB_OBJS)) $(EMU_OBJS)
+# The CUDA backend's test hooks (lib/backend/backend.h) exist only in the
+# test libraries: the sources that hold them are built again with
+# -DKVT_TEST_HOOKS, for the GPU tests (libkvtier-hooks.a) and the
+# emulation library; the installed library never has them.
+HOOK_SRCS := lib/backend/cuda_copy.c lib/step/decode.c
+HOOK_OBJS := $(HOOK_SRCS:%.c=$(O)/obj-hooks/%.o)
+HOOKS_LIB := $(O)/lib/libkvtier-hooks.a
+$(O)/obj-hooks/%.o: %.c $(wildcard include/kvtier/*.h lib/*/*.h cuda/*.h) | $(O)/config.mk
+	@mkdir -p $(dir $@)
+	$(CC) $(BASE_CFLAGS) $(DEP_CFLAGS) $(CFLAGS) -DKVT_TEST_HOOKS -c $< -o $@
+$(HOOKS_LIB): $(filter-out $(HOOK_SRCS:%.c=$(O)/obj/%.o),$(LIB_OBJS)) $(HOOK_OBJS)
+	@mkdir -p $(dir $@)
+	rm -f $@
+	ar rcs $@ $^
+
+$(EMU_LIB): $(filter-out $(CU_SRCS:%.cu=$(O)/obj/%.o) $(HOOK_SRCS:%.c=$(O)/obj/%.o),$(LIB_OBJS)) \
+            $(HOOK_OBJS) $(EMU_OBJS)
 	@mkdir -p $(dir $@)
 	rm -f $@
 	ar rcs $@ $^
@@ -39,7 +55,7 @@ $(EMU_LIB): $(filter-out $(CU_SRCS:%.cu=$(O)/obj/%.o),$(LIB_OBJS)) $(EMU_OBJS)
 PROGS += $(O)/bin/kvtier-bench-emu
 GPU_TEST_SCRIPTS := tests/test_bench_cuda.sh tests/test_cuda_resources.sh tests/test_gpu_session.sh
 
-GPU_TEST_CFLAGS = $(TEST_CFLAGS) -Icuda -Itests
+GPU_TEST_CFLAGS = $(TEST_CFLAGS) -DKVT_TEST_HOOKS -Icuda -Itests
 GPU_REAL_BINS := $(GPU_TESTS:%=$(O)/tests/gpu/%)
 GPU_EMU_BINS  := $(GPU_TESTS:%=$(O)/tests/gpu/%-emu) $(if $(wildcard tests/gpu/test_emu.cpp),$(O)/tests/gpu/test_emu)
 GPU_TEST_BINS := $(GPU_REAL_BINS) $(GPU_EMU_BINS)
@@ -48,9 +64,9 @@ $(O)/obj-test/gpu/%.o: tests/gpu/%.c tests/testutil.h $(wildcard tests/gpu/*.h) 
                        $(wildcard lib/*/*.h) | $(O)/config-test.mk
 	@mkdir -p $(dir $@)
 	$(CC) $(GPU_TEST_CFLAGS) -c $< -o $@
-$(GPU_REAL_BINS): $(O)/tests/gpu/%: $(O)/obj-test/gpu/%.o $(LIB_A)
+$(GPU_REAL_BINS): $(O)/tests/gpu/%: $(O)/obj-test/gpu/%.o $(HOOKS_LIB)
 	@mkdir -p $(dir $@)
-	$(CXX) $(SANFLAGS) $< -o $@ $(LIB_A) $(CMOCKA_LIBS) $(LIB_LDLIBS) $(LDFLAGS)
+	$(CXX) $(SANFLAGS) $< -o $@ $(HOOKS_LIB) $(CMOCKA_LIBS) $(LIB_LDLIBS) $(LDFLAGS)
 $(O)/tests/gpu/%-emu: $(O)/obj-test/gpu/%.o $(EMU_LIB)
 	@mkdir -p $(dir $@)
 	$(CXX) $(SANFLAGS) $< -o $@ $(EMU_LIB) $(CMOCKA_LIBS) $(DEP_LIBS) $(LDFLAGS) -lm -lpthread

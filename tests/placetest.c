@@ -67,7 +67,7 @@ kvt_policy *policy_of(const pheads *ph)
     kvt_geometry g = pgeom();
     kvt_policy_heads hd = {sizeof hd, NLH, ph->cls, ph->k, ph->w, ph->sink, ph->local, ph->iv};
     kvt_policy *pol;
-    TU_OK(kvt_policy_create_heads(&pol, &g, NULL, &hd));
+    TU_OK(kvt_policy_create_heads(&g, NULL, &hd, &pol));
     return pol;
 }
 
@@ -76,7 +76,7 @@ kvt_selector *selector_of(void)
     kvt_geometry g = pgeom();
     kvt_selector_opts so = KVT_SELECTOR_OPTS_INIT; /* MINMAX, SUM */
     kvt_selector *sel;
-    TU_OK(kvt_selector_create(&sel, &g, &so));
+    TU_OK(kvt_selector_create(&g, &so, &sel));
     return sel;
 }
 
@@ -115,7 +115,7 @@ pfx *pfx_open(const pheads *ph, uint64_t dev, uint64_t host, uint64_t disk_bytes
 {
     pfx *f = pfx_new(ph, seed);
     kvt_pool_opts o = pfx_opts(f, dev, host, disk_bytes);
-    TU_OK(kvt_pool_create(&f->p, &o));
+    TU_OK(kvt_pool_create(&o, &f->p));
     f->m = mover_of(f->p);
     f->disk = disk_bytes != 0;
     return f;
@@ -148,7 +148,7 @@ kvt_stats pstats(const kvt_pool *p)
     kvt_stats s;
     memset(&s, 0, sizeof s);
     s.struct_size = sizeof s;
-    TU_OK(kvt_pool_stats(p, &s));
+    TU_OK(kvt_pool_stats_get(p, &s));
     return s;
 }
 
@@ -229,13 +229,13 @@ void table(const pfx *f, uint32_t i, uint32_t l, uint32_t h, uint32_t np, uint32
            uint8_t *res)
 {
     if (np)
-        TU_OK(kvt_seq_block_table(f->p, f->t[i].id, l, h, 0, np, blk, NULL, res));
+        TU_OK(kvt_seq_block_table_get(f->p, f->t[i].id, l, h, 0, np, blk, NULL, res));
 }
 
 uint32_t seq_len(const pfx *f, uint32_t i, uint32_t l)
 {
     uint32_t T;
-    TU_OK(kvt_seq_length(f->p, f->t[i].id, l, &T));
+    TU_OK(kvt_seq_length_get(f->p, f->t[i].id, l, &T));
     return T;
 }
 
@@ -251,7 +251,7 @@ void ref_scores(const pfx *f, uint32_t i, uint32_t l, uint32_t h, uint32_t np, c
 {
     float mn[HEAD_DIM], mx[HEAD_DIM];
     for (uint32_t pg = 0; pg < np; pg++) {
-        TU_OK(kvt_seq_page_meta(f->p, f->t[i].id, l, h, pg, mn, mx, NULL));
+        TU_OK(kvt_seq_page_meta_get(f->p, f->t[i].id, l, h, pg, mn, mx, NULL));
         double sum = 0, mag = 0;
         for (uint32_t g = 0; g < GQA_GROUP; g++)
             for (uint32_t d = 0; d < HEAD_DIM; d++) {
@@ -371,7 +371,7 @@ void pfx_step(pfx *f, const step_args *a, step_res *res)
         memset(f->warm_pending, 0, sizeof f->warm_pending);
         for (uint32_t i = 0; i < ns; i++) {
             uint32_t ready = 9;
-            TU_OK(kvt_step_ready(st, i, &ready));
+            TU_OK(kvt_step_ready_get(st, i, &ready));
             if (ready != 1)
                 fail_msg("seq %u not ready after every move was waited for", i);
         }
@@ -387,7 +387,7 @@ void pfx_step(pfx *f, const step_args *a, step_res *res)
                 f->t[i].k[l][at] = kn[i * N_KV_HEADS * HEAD_DIM + e];
                 f->t[i].v[l][at] = vn[i * N_KV_HEADS * HEAD_DIM + e];
             }
-        TU_OK(kvt_append(st, l, kn, vn, KVT_DTYPE_F16, 0));
+        TU_OK(kvt_step_append(st, l, kn, vn, KVT_DTYPE_F16, 0));
         if (a->make_q)
             a->make_q(f, l, q);
         else
@@ -404,11 +404,11 @@ void pfx_step(pfx *f, const step_args *a, step_res *res)
         const kvt_stats sa = pstats(f->p);
         if (a->before_rerank)
             a->before_rerank(f, l);
-        TU_OK(kvt_rerank_recycle(st, l, q));
+        TU_OK(kvt_step_select(st, l, q));
         for (uint32_t i = 0; i < ns; i++)
             for (uint32_t h = 0; h < N_KV_HEADS; h++) {
                 uint32_t rr = 9;
-                TU_OK(kvt_step_selection(st, l, i, h, sel[i][h], MAXPG, &nsel[i][h], &rr));
+                TU_OK(kvt_step_selection_get(st, l, i, h, sel[i][h], MAXPG, &nsel[i][h], &rr));
                 assert_true(rr <= 1);
                 res->reranked[i][l * N_KV_HEADS + h] = (uint8_t)rr;
             }
@@ -421,13 +421,13 @@ void pfx_step(pfx *f, const step_args *a, step_res *res)
         uint32_t not_ready = 0, may_pause = 0;
         for (uint32_t i = 0; i < ns && !a->faulty; i++) {
             uint32_t ready = 9;
-            TU_OK(kvt_step_ready(st, i, &ready));
+            TU_OK(kvt_step_ready_get(st, i, &ready));
             assert_true(ready <= 1);
             not_ready += !ready;
             may_pause += !ready + f->warm_pending[i];
             if (a->wait_after_rerank && !ready) {
                 TU_OK(wait_all(f));
-                TU_OK(kvt_step_ready(st, i, &ready));
+                TU_OK(kvt_step_ready_get(st, i, &ready));
                 if (ready != 1)
                     fail_msg("layer %u seq %u not ready after every move was waited for", l, i);
                 not_ready--;
@@ -446,10 +446,10 @@ void pfx_step(pfx *f, const step_args *a, step_res *res)
         res->not_ready += not_ready;
         for (size_t e = 0; e < (size_t)ns * HQ * HEAD_DIM; e++)
             out[e] = NAN;
-        const int rc = kvt_sparse_decode(st, l, q, out, lse);
+        const int rc = kvt_step_decode(st, l, q, out, lse);
         res->rc[l] = rc;
         if (rc && !(a->faulty && (rc == KVT_EIO || rc == KVT_ECORRUPT)))
-            fail_msg("layer %u: kvt_sparse_decode returned %d (%s): %s", l, rc,
+            fail_msg("layer %u: kvt_step_decode returned %d (%s): %s", l, rc,
                      kvt_err_name(rc), kvt_last_error());
         const kvt_stats sb = pstats(f->p);
 
@@ -669,7 +669,7 @@ void pfx_step(pfx *f, const step_args *a, step_res *res)
                 const uint32_t lh = l * N_KV_HEADS + h, np = pages_of(f->t[i].n + 1);
                 uint32_t now[MAXPG], first = 7777, n = 7777;
                 table(f, i, l, h, np, now, NULL);
-                TU_OK(kvt_step_dirty(st, l, i, h, &first, &n));
+                TU_OK(kvt_step_dirty_get(st, l, i, h, &first, &n));
                 uint32_t changed = 0;
                 for (uint32_t pg = 0; pg < np; pg++) {
                     const uint32_t was = pg < plan_np[i][lh] ? plan_blk[i][lh][pg] : 0;

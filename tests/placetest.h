@@ -2,13 +2,13 @@
  * tiered pool (a policy and a selector in the pool options) over tiertest.h's
  * geometry with two query heads per KV head, sequences whose K/V the test
  * keeps (f16 bit patterns, the reference), and one decode step driven through
- * kvt_step_plan / kvt_append / kvt_rerank_recycle / kvt_sparse_decode /
+ * kvt_step_plan / kvt_step_append / kvt_step_select / kvt_step_decode /
  * kvt_step_finish with every per-layer result checked against independent
  * references:
  *   - the output against a double-precision attention over exactly the pages
- *     kvt_step_selection reports, from the kept K/V;
+ *     kvt_step_selection_get reports, from the kept K/V;
  *   - a rescored selection against the MINMAX/SUM scores recomputed in
- *     double from kvt_seq_page_meta, a reused one against the head's last
+ *     double from kvt_seq_page_meta_get, a reused one against the head's last
  *     top-K set plus today's forced pages;
  *   - the device tier against the placement rules (block tables and
  *     residency before and after the rerank): selected pages are on device
@@ -17,7 +17,7 @@
  *     when every move had finished before the plan - exactly the
  *     highest-scoring evictable pages stay (lookahead eviction);
  *   - the placement counters of kvt_stats against what the tables show;
- *   - kvt_step_dirty against the device tables snapshotted at the plan.
+ *   - kvt_step_dirty_get against the device tables snapshotted at the plan.
  * The pool passes kvt_pool_check after every step.
  *
  * The code is tests/placetest.c, compiled with tests/tiertest.c into every
@@ -81,7 +81,7 @@ typedef struct {
     double s[MAXS][NLH][MAXPG];
     /* Warm-up copies of the sequence may still be in flight (set by the
      * test after kvt_seq_warmup; cleared once the test knows they landed:
-     * it waited for every move, or kvt_step_ready said 1, or a step ran). */
+     * it waited for every move, or kvt_step_ready_get said 1, or a step ran). */
     bool warm_pending[MAXS];
     /* offloaded_pages of sequences already released. */
     uint64_t off_base;
@@ -185,7 +185,7 @@ typedef struct {
     bool faulty;          /* a fault is armed: a decode may fail */
     /* The queries of `layer`, [ns][HQ][HEAD_DIM]; NULL = random in [-2, 2). */
     void (*make_q)(pfx *f, uint32_t layer, float *q);
-    /* Called after the plan, before each layer's kvt_rerank_recycle, and
+    /* Called after the plan, before each layer's kvt_step_select, and
      * before kvt_step_finish. */
     void (*after_plan)(pfx *f, kvt_step *st);
     void (*before_rerank)(pfx *f, uint32_t layer);
@@ -193,7 +193,7 @@ typedef struct {
 } step_args;
 
 typedef struct {
-    int rc[N_LAYERS];             /* kvt_sparse_decode's code */
+    int rc[N_LAYERS];             /* kvt_step_decode's code */
     uint32_t failed[N_LAYERS];    /* bit i: sequence i came back zeroed */
     uint8_t fail_head[MAXS][NLH]; /* selected pages missing after a failed decode */
     uint8_t reranked[MAXS][NLH];

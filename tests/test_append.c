@@ -76,7 +76,7 @@ static void check_layer(kvt_pool *p, kvt_seq_id seq, const shape *s, uint32_t la
     for (int c = 0; c < n_chunks; c++)
         total += chunk_T[c];
     uint32_t n;
-    TU_OK(kvt_seq_length(p, seq, layer, &n));
+    TU_OK(kvt_seq_length_get(p, seq, layer, &n));
     assert_int_equal(n, total);
     uint8_t *k = malloc((size_t)total * s->D * pe), *v = malloc((size_t)total * s->D * pe);
     uint8_t want[4];
@@ -125,7 +125,7 @@ static void test_roundtrip_all_dtypes(void **state)
             kvt_pool *p;
             kvt_seq_id seq;
             tu_rng r = {0x9e3779b97f4a7c15ull + pdt * 7 + sdt};
-            TU_OK(kvt_pool_create(&p, &o));
+            TU_OK(kvt_pool_create(&o, &p));
             TU_OK(kvt_seq_create(p, NULL, &seq));
             /* Prefill of 37 tokens (not a page multiple), then 5 decode steps. */
             uint32_t T[6] = {37, 1, 1, 1, 1, 1};
@@ -152,7 +152,7 @@ static void test_dense_default_stride(void **state)
     kvt_pool_opts o = tu_opts(1, 3, 3, 8, 8, KVT_DTYPE_BF16, 64, 0);
     kvt_pool *p;
     kvt_seq_id seq;
-    TU_OK(kvt_pool_create(&p, &o));
+    TU_OK(kvt_pool_create(&o, &p));
     TU_OK(kvt_seq_create(p, NULL, &seq));
     enum { T = 21 };
     uint16_t k[T * 3 * 8], v[T * 3 * 8], out_k[T * 8], out_v[T * 8];
@@ -184,7 +184,7 @@ static void check_meta(kvt_pool *p, kvt_seq_id seq, uint32_t H, uint32_t D, uint
     const int mb = pdt == KVT_DTYPE_F16 ? 10 : 7;
     for (uint32_t h = 0; h < H; h++)
         for (uint32_t pg = 0; pg * P < n_tok; pg++) {
-            TU_OK(kvt_seq_page_meta(p, seq, 0, h, pg, mn, mx, me));
+            TU_OK(kvt_seq_page_meta_get(p, seq, 0, h, pg, mn, mx, me));
             uint32_t t0 = pg * P, t1 = t0 + P < n_tok ? t0 + P : n_tok;
             for (uint32_t d = 0; d < D; d++) {
                 double lo = INFINITY, hi = -INFINITY, sum = 0;
@@ -242,7 +242,7 @@ static void test_metadata(void **state)
         kvt_pool *p;
         kvt_seq_id seq;
         tu_rng r = {1000 + pdt};
-        TU_OK(kvt_pool_create(&p, &o));
+        TU_OK(kvt_pool_create(&o, &p));
         TU_OK(kvt_seq_create(p, NULL, &seq));
         static float k[T * H * D], v[T * H * D];
         for (size_t i = 0; i < (size_t)T * H * D; i++) {
@@ -261,9 +261,9 @@ static void test_metadata(void **state)
                 check_meta(p, seq, H, D, P, pdt, k, t + 1, &r);
         }
         float m[D];
-        TU_EXPECT_ERR(kvt_seq_page_meta(p, seq, 0, 0, 4, m, NULL, NULL), KVT_ERANGE, "page");
-        TU_EXPECT_ERR(kvt_seq_page_meta(p, seq, 0, 2, 0, m, NULL, NULL), KVT_EINVAL, "kv_head");
-        TU_EXPECT_ERR(kvt_seq_page_meta(p, seq, 1, 0, 0, m, NULL, NULL), KVT_EINVAL, "layer");
+        TU_EXPECT_ERR(kvt_seq_page_meta_get(p, seq, 0, 0, 4, m, NULL, NULL), KVT_ERANGE, "page");
+        TU_EXPECT_ERR(kvt_seq_page_meta_get(p, seq, 0, 2, 0, m, NULL, NULL), KVT_EINVAL, "kv_head");
+        TU_EXPECT_ERR(kvt_seq_page_meta_get(p, seq, 1, 0, 0, m, NULL, NULL), KVT_EINVAL, "layer");
         TU_CHECK(p);
         kvt_pool_destroy(p);
     }
@@ -277,7 +277,7 @@ static void test_nan_key_metadata(void **state)
     kvt_pool_opts o = tu_opts(1, 1, 1, 8, 8, KVT_DTYPE_F32, 8, 0);
     kvt_pool *p;
     kvt_seq_id seq;
-    TU_OK(kvt_pool_create(&p, &o));
+    TU_OK(kvt_pool_create(&o, &p));
     TU_OK(kvt_seq_create(p, NULL, &seq));
     float k[2][8], v[2][8] = {{0}};
     for (int t = 0; t < 2; t++)
@@ -288,7 +288,7 @@ static void test_nan_key_metadata(void **state)
     k[1][5] = NAN;
     TU_OK(kvt_seq_append(p, seq, 0, k, v, 2, KVT_DTYPE_F32, 0));
     float mn[8], mx[8];
-    TU_OK(kvt_seq_page_meta(p, seq, 0, 0, 0, mn, mx, NULL));
+    TU_OK(kvt_seq_page_meta_get(p, seq, 0, 0, 0, mn, mx, NULL));
     for (int d = 0; d < 8; d++) {
         if (d == 3 || d == 5) {
             assert_true(isinf(mn[d]) && mn[d] < 0);
@@ -308,7 +308,7 @@ static void test_layers_and_tables(void **state)
     kvt_pool_opts o = tu_opts(3, 2, 2, 8, 8, KVT_DTYPE_F16, 128, 0);
     kvt_pool *p;
     kvt_seq_id a, b;
-    TU_OK(kvt_pool_create(&p, &o));
+    TU_OK(kvt_pool_create(&o, &p));
     TU_OK(kvt_seq_create(p, NULL, &a));
     kvt_seq_opts so = KVT_SEQ_OPTS_INIT;
     so.user_data = 0xfeedull;
@@ -318,9 +318,9 @@ static void test_layers_and_tables(void **state)
     TU_OK(kvt_seq_append(p, a, 1, kv, kv, 9, KVT_DTYPE_F16, 0));
     TU_OK(kvt_seq_append(p, b, 2, kv, kv, 40, KVT_DTYPE_F16, 0));
     uint32_t n;
-    TU_OK(kvt_seq_length(p, a, 0, &n));
+    TU_OK(kvt_seq_length_get(p, a, 0, &n));
     assert_int_equal(n, 17);
-    TU_OK(kvt_seq_length(p, a, 2, &n));
+    TU_OK(kvt_seq_length_get(p, a, 2, &n));
     assert_int_equal(n, 0);
     kvt_seq_info in = {.struct_size = sizeof in};
     TU_OK(kvt_seq_info_get(p, a, &in));
@@ -339,10 +339,10 @@ static void test_layers_and_tables(void **state)
     for (int i = 0; i < 2; i++)
         for (uint32_t l = 0; l < 3; l++)
             for (uint32_t h = 0; h < 2; h++) {
-                TU_OK(kvt_seq_length(p, ids[i], l, &n));
+                TU_OK(kvt_seq_length_get(p, ids[i], l, &n));
                 uint32_t pages = (n + 7) / 8, dev[8], host[8];
                 uint8_t res[8];
-                TU_OK(kvt_seq_block_table(p, ids[i], l, h, 0, pages, dev, host, res));
+                TU_OK(kvt_seq_block_table_get(p, ids[i], l, h, 0, pages, dev, host, res));
                 for (uint32_t pg = 0; pg < pages; pg++) {
                     assert_true(dev[pg] >= 1 && dev[pg] < 128);
                     assert_int_equal(seen[dev[pg]], 0);
@@ -350,16 +350,16 @@ static void test_layers_and_tables(void **state)
                     assert_int_equal(host[pg], 0);
                     assert_int_equal(res[pg], KVT_RES_DEVICE);
                 }
-                TU_EXPECT_ERR(kvt_seq_block_table(p, ids[i], l, h, 0, pages + 1, dev, NULL,
-                                                  NULL), KVT_ERANGE, "n_pages");
+                TU_EXPECT_ERR(kvt_seq_block_table_get(p, ids[i], l, h, 0, pages + 1, dev, NULL,
+                                                      NULL), KVT_ERANGE, "n_pages");
             }
     uint32_t one;
-    TU_EXPECT_ERR(kvt_seq_block_table(p, a, 3, 0, 0, 1, &one, NULL, NULL), KVT_EINVAL, "layer");
-    TU_EXPECT_ERR(kvt_seq_block_table(NULL, a, 0, 0, 0, 1, &one, NULL, NULL), KVT_EINVAL,
+    TU_EXPECT_ERR(kvt_seq_block_table_get(p, a, 3, 0, 0, 1, &one, NULL, NULL), KVT_EINVAL, "layer");
+    TU_EXPECT_ERR(kvt_seq_block_table_get(NULL, a, 0, 0, 0, 1, &one, NULL, NULL), KVT_EINVAL,
                   "pool");
     TU_EXPECT_ERR(kvt_seq_read_kv(p, a, 0, 0, 10, 8, kv, NULL), KVT_ERANGE, "n_tokens");
-    TU_EXPECT_ERR(kvt_seq_length(p, a, 3, &n), KVT_EINVAL, "layer");
-    TU_EXPECT_ERR(kvt_seq_length(p, a, 0, NULL), KVT_EINVAL, "n_tokens");
+    TU_EXPECT_ERR(kvt_seq_length_get(p, a, 3, &n), KVT_EINVAL, "layer");
+    TU_EXPECT_ERR(kvt_seq_length_get(p, a, 0, NULL), KVT_EINVAL, "n_tokens");
     TU_CHECK(p);
     kvt_pool_destroy(p);
 }
@@ -370,7 +370,7 @@ static void test_append_bad(void **state)
     kvt_pool_opts o = tu_opts(2, 2, 2, 8, 8, KVT_DTYPE_F16, 64, 0);
     kvt_pool *p;
     kvt_seq_id s;
-    TU_OK(kvt_pool_create(&p, &o));
+    TU_OK(kvt_pool_create(&o, &p));
     kvt_seq_opts so = KVT_SEQ_OPTS_INIT;
     so.max_tokens = 20;
     TU_OK(kvt_seq_create(p, &so, &s));
@@ -379,7 +379,7 @@ static void test_append_bad(void **state)
         kv[i] = (uint16_t)(0x3c00 + i % 512);
     TU_OK(kvt_seq_append(p, s, 0, kv, kv, 16, KVT_DTYPE_F16, 0));
     kvt_stats before = {.struct_size = sizeof before}, after = {.struct_size = sizeof after};
-    TU_OK(kvt_pool_stats(p, &before));
+    TU_OK(kvt_pool_stats_get(p, &before));
 
     TU_EXPECT_ERR(kvt_seq_append(NULL, s, 0, kv, kv, 1, KVT_DTYPE_F16, 0), KVT_EINVAL, "pool");
     TU_EXPECT_ERR(kvt_seq_append(p, s, 0, NULL, kv, 1, KVT_DTYPE_F16, 0), KVT_EINVAL, "k");
@@ -399,12 +399,12 @@ static void test_append_bad(void **state)
                   "seq");
     TU_EXPECT_ERR(kvt_seq_append(p, s + 1, 0, kv, kv, 1, KVT_DTYPE_F16, 0), KVT_ENOENT, "seq");
     /* Nothing of the failed calls was stored. */
-    TU_OK(kvt_pool_stats(p, &after));
+    TU_OK(kvt_pool_stats_get(p, &after));
     assert_memory_equal(&before, &after, sizeof before);
     uint32_t n;
-    TU_OK(kvt_seq_length(p, s, 0, &n));
+    TU_OK(kvt_seq_length_get(p, s, 0, &n));
     assert_int_equal(n, 16);
-    TU_OK(kvt_seq_length(p, s, 1, &n));
+    TU_OK(kvt_seq_length_get(p, s, 1, &n));
     assert_int_equal(n, 0);
     TU_CHECK(p);
     /* Up to the limit exactly is fine. */

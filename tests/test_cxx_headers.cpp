@@ -22,7 +22,7 @@ int main()
     o.geom.head_dim = 16;
     o.device_bytes = 1u << 20;
     kvt_pool *pool = nullptr;
-    if (kvt_pool_create(&pool, &o) != KVT_OK) {
+    if (kvt_pool_create(&o, &pool) != KVT_OK) {
         std::fprintf(stderr, "create: %s\n", kvt_last_error());
         return 1;
     }
@@ -36,7 +36,7 @@ int main()
     std::memset(&st, 0, sizeof st);
     st.struct_size = sizeof st;
     if (rc == 0)
-        rc = kvt_pool_stats(pool, &st);
+        rc = kvt_pool_stats_get(pool, &st);
     if (rc == 0)
         rc = kvt_pool_check(pool);
     // A policy for the pool's model: two of four heads unstable.
@@ -52,13 +52,13 @@ int main()
     heads.head_class = cls;
     uint32_t n_unstable = 0;
     if (rc == 0)
-        rc = kvt_pool_geometry(pool, &g);
+        rc = kvt_pool_geometry_get(pool, &g);
     if (rc == 0)
         rc = kvt_policy_opts_init(&po);
     if (rc == 0)
-        rc = kvt_policy_create_heads(&pol, &g, &po, &heads);
+        rc = kvt_policy_create_heads(&g, &po, &heads, &pol);
     if (rc == 0)
-        rc = kvt_policy_count(pol, KVT_HEAD_UNSTABLE, &n_unstable);
+        rc = kvt_policy_count_get(pol, KVT_HEAD_UNSTABLE, &n_unstable);
     kvt_policy_destroy(pol);
     if (rc == 0 && n_unstable != 2)
         rc = KVT_EINTERNAL;

@@ -1,5 +1,5 @@
 /* Sparse and dense flash-decode through a step (kvt_step_select,
- * kvt_sparse_decode, kvt_attend) against a double-precision reference:
+ * kvt_step_decode, kvt_step_attend) against a double-precision reference:
  * softmax attention over the tokens of the selected pages, computed from
  * the stored K/V read back with kvt_seq_read_kv. Random shapes on every
  * SIMD path the CPU has, several sequences of different lengths (empty
@@ -41,7 +41,7 @@ static kvt_pool *make_pool(const dcfg *c, uint64_t seed, kvt_seq_id *ids)
     kvt_pool_opts o = tu_opts(c->L, c->H, c->H * c->G, c->D, c->P, c->dt, blocks, 0);
     o.n_threads = c->n_threads;
     kvt_pool *p;
-    TU_OK(kvt_pool_create(&p, &o));
+    TU_OK(kvt_pool_create(&o, &p));
     tu_rng r = {seed * 0x9e3779b97f4a7c15ull + 1};
     for (uint32_t i = 0; i < c->n_seqs; i++) {
         TU_OK(kvt_seq_create(p, NULL, &ids[i]));
@@ -145,7 +145,7 @@ static void ref_vote(const kvt_pool *p, kvt_seq_id seq, uint32_t layer, uint32_t
           *me = malloc(D * sizeof *me);
     double *raw = malloc((size_t)G * np * sizeof *raw), *mag = malloc((size_t)G * np * sizeof *mag);
     for (uint32_t pg = 0; pg < np; pg++) {
-        TU_OK(kvt_seq_page_meta(p, seq, layer, kvh, pg, mn, mx, me));
+        TU_OK(kvt_seq_page_meta_get(p, seq, layer, kvh, pg, mn, mx, me));
         for (uint32_t g = 0; g < G; g++) {
             double s = 0, m = 0;
             for (uint32_t d = 0; d < D; d++) {
@@ -214,9 +214,9 @@ static kvt_selector *make_selector(const dcfg *c, const dmode *m)
     so.method = m->method;
     so.vote = m->vote;
     kvt_selector *sel;
-    TU_OK(kvt_selector_create(&sel, &g, &so));
+    TU_OK(kvt_selector_create(&g, &so, &sel));
     for (uint32_t l = 0; l < c->L; l++)
-        TU_OK(kvt_selector_set_budget(sel, l, KVT_ALL, m->K[l], m->sink[l], m->local[l]));
+        TU_OK(kvt_selector_budget_set(sel, l, KVT_ALL, m->K[l], m->sink[l], m->local[l]));
     return sel;
 }
 
@@ -253,19 +253,19 @@ static void run_and_check(kvt_pool *p, const kvt_seq_id *ids, const dcfg *c, con
         for (size_t e = 0; e < (size_t)n * Hq; e++)
             lse[e] = NAN;
         if (l % 2 == 0) {
-            TU_OK(kvt_attend(st, l, q, out, lse));
+            TU_OK(kvt_step_attend(st, l, q, out, lse));
         } else {
             TU_OK(kvt_step_select(st, l, q));
-            TU_OK(kvt_sparse_decode(st, l, q, out, lse));
+            TU_OK(kvt_step_decode(st, l, q, out, lse));
         }
         /* lse is optional and changes nothing else. */
-        TU_OK(kvt_sparse_decode(st, l, q, out2, NULL));
+        TU_OK(kvt_step_decode(st, l, q, out2, NULL));
         assert_memory_equal(out, out2, qn * sizeof *out);
         for (uint32_t i = 0; i < n; i++)
             for (uint32_t h = 0; h < c->H; h++) {
                 const uint32_t T = c->len[i][l], np = pages_of(T, c->P);
                 uint32_t cnt = 0xffff, rr = 7;
-                TU_OK(kvt_step_selection(st, l, i, h, pg, maxp, &cnt, &rr));
+                TU_OK(kvt_step_selection_get(st, l, i, h, pg, maxp, &cnt, &rr));
                 char what[200];
                 snprintf(what, sizeof what,
                          "%s: %s dt %u P %u D %u G %u H %u thr %u seq %u (T %u) layer %u "
@@ -298,7 +298,7 @@ static void run_and_check(kvt_pool *p, const kvt_seq_id *ids, const dcfg *c, con
     for (uint32_t i = 0; i < n; i++)
         for (uint32_t l = 0; l < c->L; l++) {
             uint32_t t;
-            TU_OK(kvt_seq_length(p, ids[i], l, &t));
+            TU_OK(kvt_seq_length_get(p, ids[i], l, &t));
             assert_int_equal(t, c->len[i][l]);
         }
     free(out);
@@ -381,7 +381,8 @@ static kvt_pool *make_pool_isa(const dcfg *c, uint64_t seed, kvt_seq_id *ids, co
     else
         unsetenv("KVTIER_SIMD");
     kvt_pool *p = make_pool(c, seed, ids);
-    const char *got = kvt_pool_kernel_isa(p);
+    const char *got = NULL;
+    TU_OK(kvt_pool_kernel_isa_get(p, &got));
     assert_non_null(got);
     if (isa && strcmp(got, isa) != 0) {
         print_message("kvtier: this CPU has no %s kernels (the pool uses %s): skipped\n", isa,
@@ -638,16 +639,19 @@ static void test_isa_env(void **state)
     kvt_pool_opts o = tu_opts(1, 1, 1, 64, 16, KVT_DTYPE_F16, 8, 0);
     kvt_pool *p;
     unsetenv("KVTIER_SIMD");
-    TU_OK(kvt_pool_create(&p, &o));
+    TU_OK(kvt_pool_create(&o, &p));
     char best[16];
-    snprintf(best, sizeof best, "%s", kvt_pool_kernel_isa(p));
+    const char *isa0 = NULL;
+    TU_OK(kvt_pool_kernel_isa_get(p, &isa0));
+    snprintf(best, sizeof best, "%s", isa0);
     kvt_pool_destroy(p);
     assert_true(!strcmp(best, "portable") || !strcmp(best, "avx2") || !strcmp(best, "avx512"));
     const char *vals[] = {"", "bogus", "AVX2", "avx512", "portable", "avx2"};
     for (int i = 0; i < 6; i++) {
         setenv("KVTIER_SIMD", vals[i], 1);
-        TU_OK(kvt_pool_create(&p, &o));
-        const char *got = kvt_pool_kernel_isa(p);
+        TU_OK(kvt_pool_create(&o, &p));
+        const char *got = NULL;
+        TU_OK(kvt_pool_kernel_isa_get(p, &got));
         if (i < 4) { /* no cap (or a cap at or above the best) */
             assert_string_equal(got, best);
         } else if (i == 4) {
@@ -659,10 +663,12 @@ static void test_isa_env(void **state)
     }
     unsetenv("KVTIER_SIMD");
     kvt_clear_error();
-    const char *s = kvt_pool_kernel_isa(NULL);
-    assert_non_null(s);
-    assert_string_equal(s, "");
-    assert_non_null(strstr(kvt_last_error(), "pool"));
+    const char *s = "untouched";
+    TU_EXPECT_ERR(kvt_pool_kernel_isa_get(NULL, &s), KVT_EINVAL, "pool");
+    assert_string_equal(s, "untouched");
+    TU_OK(kvt_pool_create(&o, &p));
+    TU_EXPECT_ERR(kvt_pool_kernel_isa_get(p, NULL), KVT_EINVAL, "isa");
+    kvt_pool_destroy(p);
 }
 
 int main(void)

@@ -746,7 +746,7 @@ static void run_forward(int tied)
      * last prompt queries, then wait for the moves. */
     TU_OK(kvt_seq_warmup(kc[1].pool, kc[1].seq, obs, n_obs));
     kvt_mover *mv;
-    TU_OK(kvt_pool_mover(kc[1].pool, &mv));
+    TU_OK(kvt_pool_mover_get(kc[1].pool, &mv));
     TU_OK(kvt_mover_wait(mv, KVT_FENCE_ALL, UINT64_MAX));
 
     work wd, wt;

@@ -68,7 +68,7 @@ static void test_last_error(void **state)
     assert_string_equal(kvt_last_error(), "");
     TU_EXPECT_ERR(kvt_pool_create(NULL, NULL), KVT_EINVAL, "out");
     kvt_pool *p = (kvt_pool *)0x1;
-    TU_EXPECT_ERR(kvt_pool_create(&p, NULL), KVT_EINVAL, "opts");
+    TU_EXPECT_ERR(kvt_pool_create(NULL, &p), KVT_EINVAL, "opts");
     assert_null(p); /* *out is cleared on failure */
     kvt_clear_error();
     assert_string_equal(kvt_last_error(), "");

@@ -51,7 +51,7 @@ static void test_round_trip(void **state)
     assert_int_equal(residency(fx.p, t->id, 0, 0, 5), KVT_RES_DEVICE);
 
     kvt_stats st = {.struct_size = sizeof st};
-    TU_OK(kvt_pool_stats(fx.p, &st));
+    TU_OK(kvt_pool_stats_get(fx.p, &st));
     const uint64_t n = N_LAYERS * N_KV_HEADS * 5, bb = st.block_bytes;
     assert_int_equal(st.moved_requests[KVT_DIR_DEVICE_TO_HOST], n);
     assert_int_equal(st.moved_requests[KVT_DIR_HOST_TO_DISK], n);
@@ -85,7 +85,7 @@ static void test_small_pages(void **state)
     o.disk_dir = g_dir;
     o.disk_bytes = 8u << 20;
     kvt_pool *p;
-    TU_OK(kvt_pool_create(&p, &o));
+    TU_OK(kvt_pool_create(&o, &p));
     kvt_mover *m = mover_of(p);
     kvt_seq_id id;
     TU_OK(kvt_seq_create(p, NULL, &id));
@@ -202,10 +202,10 @@ static void test_bad_input(void **state)
     kvt_move ok = {id, 0, 0, 0, KVT_TIER_DEVICE, KVT_TIER_HOST, 0};
     kvt_move mv;
 
-    TU_EXPECT_ERR(kvt_pool_mover(NULL, &fx.m), KVT_EINVAL, "pool");
+    TU_EXPECT_ERR(kvt_pool_mover_get(NULL, &fx.m), KVT_EINVAL, "pool");
     assert_null(fx.m); /* cleared on failure */
     fx.m = mover_of(fx.p);
-    TU_EXPECT_ERR(kvt_pool_mover(fx.p, NULL), KVT_EINVAL, "out");
+    TU_EXPECT_ERR(kvt_pool_mover_get(fx.p, NULL), KVT_EINVAL, "out");
     TU_EXPECT_ERR(kvt_mover_submit(NULL, &ok, 1, 0, NULL, &f), KVT_EINVAL, "mover");
     TU_EXPECT_ERR(kvt_mover_submit(fx.m, &ok, 1, 0, NULL, NULL), KVT_EINVAL, "fence");
     TU_EXPECT_ERR(kvt_mover_submit(fx.m, NULL, 1, 0, NULL, &f), KVT_EINVAL, "moves");
@@ -255,12 +255,12 @@ static void test_bad_input(void **state)
     TU_EXPECT_ERR(kvt_mover_stats_get(fx.m, NULL), KVT_EINVAL, "stats");
     char path[512];
     size_t len = 0;
-    TU_EXPECT_ERR(kvt_pool_disk_path(fx.p, path, 4, &len), KVT_ERANGE, "cap");
+    TU_EXPECT_ERR(kvt_pool_disk_path_get(fx.p, path, 4, &len), KVT_ERANGE, "cap");
     assert_true(len > 4);
-    TU_OK(kvt_pool_disk_path(fx.p, path, sizeof path, &len));
+    TU_OK(kvt_pool_disk_path_get(fx.p, path, sizeof path, &len));
     assert_int_equal(strlen(path), len);
     assert_memory_equal(path, g_dir, strlen(g_dir));
-    TU_EXPECT_ERR(kvt_pool_disk_path(NULL, path, sizeof path, &len), KVT_EINVAL, "pool");
+    TU_EXPECT_ERR(kvt_pool_disk_path_get(NULL, path, sizeof path, &len), KVT_EINVAL, "pool");
     /* Not kept: the name is gone while the pool lives. */
     assert_int_equal(access(path, F_OK), -1);
 
@@ -271,13 +271,13 @@ static void test_bad_input(void **state)
     kvt_pool *q = NULL;
     fx.o.mover = &mo;
     mo.queue_depth = 5000;
-    TU_EXPECT_ERR(kvt_pool_create(&q, &fx.o), KVT_EINVAL, "queue_depth");
+    TU_EXPECT_ERR(kvt_pool_create(&fx.o, &q), KVT_EINVAL, "queue_depth");
     mo.queue_depth = 0;
     mo.flags = 0x80;
-    TU_EXPECT_ERR(kvt_pool_create(&q, &fx.o), KVT_EINVAL, "mover->flags");
+    TU_EXPECT_ERR(kvt_pool_create(&fx.o, &q), KVT_EINVAL, "mover->flags");
     mo.flags = 0;
     mo.struct_size = 3;
-    TU_EXPECT_ERR(kvt_pool_create(&q, &fx.o), KVT_EINVAL, "struct_size");
+    TU_EXPECT_ERR(kvt_pool_create(&fx.o, &q), KVT_EINVAL, "struct_size");
     assert_null(q);
 
     tier_fx_close(&fx);
@@ -286,8 +286,8 @@ static void test_bad_input(void **state)
     kvt_pool_opts o =
         tu_opts(N_LAYERS, N_KV_HEADS, N_KV_HEADS, HEAD_DIM, PAGE_TOKENS, KVT_DTYPE_F16, 16, 16);
     kvt_pool *p;
-    TU_OK(kvt_pool_create(&p, &o));
-    TU_EXPECT_ERR(kvt_pool_disk_path(p, path, sizeof path, NULL), KVT_ENOENT, "disk");
+    TU_OK(kvt_pool_create(&o, &p));
+    TU_EXPECT_ERR(kvt_pool_disk_path_get(p, path, sizeof path, NULL), KVT_ENOENT, "disk");
     kvt_mover *m = mover_of(p);
     tseq t;
     TU_OK(kvt_seq_create(p, NULL, &t.id));
@@ -425,7 +425,7 @@ static void test_eviction_by_importance(void **state)
     kvt_selector_opts so;
     TU_OK(kvt_selector_opts_init(&so));
     so.top_k_pages = 2;
-    TU_OK(kvt_selector_create(&sel, &g, &so));
+    TU_OK(kvt_selector_create(&g, &so, &sel));
     kvt_step_opts sp;
     TU_OK(kvt_step_opts_init(&sp));
     sp.selector = sel;
@@ -436,7 +436,7 @@ static void test_eviction_by_importance(void **state)
         kv[i] = tu_unit(&fx.r);
     for (int i = 0; i < N_KV_HEADS * HEAD_DIM; i++)
         q[i] = tu_unit(&fx.r);
-    TU_OK(kvt_append(st, 0, kv, kv + N_KV_HEADS * HEAD_DIM, KVT_DTYPE_F32, 0));
+    TU_OK(kvt_step_append(st, 0, kv, kv + N_KV_HEADS * HEAD_DIM, KVT_DTYPE_F32, 0));
     TU_OK(kvt_step_select(st, 0, q));
     TU_OK(kvt_step_finish(st));
     kvt_selector_destroy(sel);
@@ -451,7 +451,7 @@ static void test_eviction_by_importance(void **state)
     double sc[8][2];
     for (uint32_t pg = 0; pg < 8; pg++) {
         float kmin[HEAD_DIM], kmax[HEAD_DIM];
-        TU_OK(kvt_seq_page_meta(fx.p, t->id, 0, 0, pg, kmin, kmax, NULL));
+        TU_OK(kvt_seq_page_meta_get(fx.p, t->id, 0, 0, pg, kmin, kmax, NULL));
         double s = 0;
         for (int d = 0; d < HEAD_DIM; d++) {
             double a = (double)q[d] * kmin[d], b = (double)q[d] * kmax[d];
@@ -502,14 +502,14 @@ static void test_disk_full(void **state)
     TU_OK(kvt_mover_submit(fx.m, mv, 4, 0, NULL, &f));
     TU_OK(kvt_mover_wait(fx.m, f, UINT64_MAX));
     kvt_stats st = {.struct_size = sizeof st};
-    TU_OK(kvt_pool_stats(fx.p, &st));
+    TU_OK(kvt_pool_stats_get(fx.p, &st));
     assert_int_equal(st.tier[KVT_TIER_DISK].blocks_total, 12);
     assert_int_equal(st.tier[KVT_TIER_DISK].blocks_used, 12);
     assert_int_equal(st.tier[KVT_TIER_DISK].pages, 12);
     tseq_verify(fx.p, t);
     /* Releasing the sequence gives the extents back. */
     TU_OK(kvt_seq_release(fx.p, t->id));
-    TU_OK(kvt_pool_stats(fx.p, &st));
+    TU_OK(kvt_pool_stats_get(fx.p, &st));
     assert_int_equal(st.tier[KVT_TIER_DISK].blocks_used, 0);
     TU_CHECK(fx.p);
     tier_fx_close(&fx);
@@ -521,16 +521,16 @@ static void test_directories(void **state)
     kvt_pool *p = NULL, *q = NULL;
     kvt_pool_opts o = disk_opts(40, 16, 16u << 20, NULL);
     o.disk_dir = "/nonexistent/kvtier";
-    TU_EXPECT_ERR(kvt_pool_create(&p, &o), KVT_EINVAL, "disk_dir");
+    TU_EXPECT_ERR(kvt_pool_create(&o, &p), KVT_EINVAL, "disk_dir");
     o.disk_dir = "/proc/self"; /* exists, but no file can be created there */
-    TU_EXPECT_ERR(kvt_pool_create(&p, &o), KVT_EINVAL, "disk_dir");
+    TU_EXPECT_ERR(kvt_pool_create(&o, &p), KVT_EINVAL, "disk_dir");
     assert_null(p);
     if (geteuid() != 0) { /* root ignores directory permissions */
         char ro[300];
         snprintf(ro, sizeof ro, "%s/ro", g_dir);
         assert_int_equal(mkdir(ro, 0555), 0);
         o.disk_dir = ro;
-        TU_EXPECT_ERR(kvt_pool_create(&p, &o), KVT_EINVAL, "disk_dir");
+        TU_EXPECT_ERR(kvt_pool_create(&o, &p), KVT_EINVAL, "disk_dir");
         rmdir(ro);
     }
 
@@ -540,11 +540,11 @@ static void test_directories(void **state)
     TU_OK(kvt_mover_opts_init(&mo));
     mo.flags = KVT_MOVER_KEEP_DISK_FILE;
     o.mover = &mo;
-    TU_OK(kvt_pool_create(&p, &o));
-    TU_OK(kvt_pool_create(&q, &o));
+    TU_OK(kvt_pool_create(&o, &p));
+    TU_OK(kvt_pool_create(&o, &q));
     char pa[512], pb[512];
-    TU_OK(kvt_pool_disk_path(p, pa, sizeof pa, NULL));
-    TU_OK(kvt_pool_disk_path(q, pb, sizeof pb, NULL));
+    TU_OK(kvt_pool_disk_path_get(p, pa, sizeof pa, NULL));
+    TU_OK(kvt_pool_disk_path_get(q, pb, sizeof pb, NULL));
     assert_string_not_equal(pa, pb);
     assert_int_equal(count_dir_entries(), 2); /* kept files are visible */
     struct stat sa;

@@ -214,7 +214,7 @@ static void test_no_direct(void **state)
     mo.flags = KVT_MOVER_REQUIRE_DIRECT;
     kvt_pool_opts o = disk_opts(64, 32, 16u << 20, &mo);
     kvt_pool *p = NULL;
-    TU_EXPECT_ERR(kvt_pool_create(&p, &o), KVT_ENOTSUP, "O_DIRECT");
+    TU_EXPECT_ERR(kvt_pool_create(&o, &p), KVT_ENOTSUP, "O_DIRECT");
     assert_null(p);
     mo.flags = 0;
     tier_fx fx;

@@ -35,9 +35,9 @@ static void test_opts_init(void **state)
     m.geom.head_dim = 8;
     m.device_bytes = 1 << 20;
     kvt_pool *p;
-    TU_OK(kvt_pool_create(&p, &m));
+    TU_OK(kvt_pool_create(&m, &p));
     kvt_geometry g;
-    TU_OK(kvt_pool_geometry(p, &g));
+    TU_OK(kvt_pool_geometry_get(p, &g));
     assert_int_equal(g.page_tokens, 16);
     assert_int_equal(g.dtype, KVT_DTYPE_F16);
     assert_int_equal(g.n_q_heads, 1);
@@ -58,11 +58,11 @@ static void test_struct_size(void **state)
     kvt_pool *p = NULL;
     kvt_pool_opts o = base_opts();
     o.struct_size = 4;
-    TU_EXPECT_ERR(kvt_pool_create(&p, &o), KVT_EINVAL, "struct_size");
+    TU_EXPECT_ERR(kvt_pool_create(&o, &p), KVT_EINVAL, "struct_size");
     o.struct_size = 0;
-    TU_EXPECT_ERR(kvt_pool_create(&p, &o), KVT_EINVAL, "struct_size");
+    TU_EXPECT_ERR(kvt_pool_create(&o, &p), KVT_EINVAL, "struct_size");
     o.struct_size = sizeof o - 1;
-    TU_EXPECT_ERR(kvt_pool_create(&p, &o), KVT_EINVAL, "struct_size");
+    TU_EXPECT_ERR(kvt_pool_create(&o, &p), KVT_EINVAL, "struct_size");
     assert_null(p);
 
     /* A newer caller's larger struct: accepted while the unknown tail is 0. */
@@ -73,14 +73,14 @@ static void test_struct_size(void **state)
     memset(&big, 0, sizeof big);
     big.o = base_opts();
     big.o.struct_size = sizeof big;
-    TU_OK(kvt_pool_create(&p, &big.o));
+    TU_OK(kvt_pool_create(&big.o, &p));
     kvt_pool_destroy(p);
     big.future[2] = 1;
-    TU_EXPECT_ERR(kvt_pool_create(&p, &big.o), KVT_EINVAL, "struct_size");
+    TU_EXPECT_ERR(kvt_pool_create(&big.o, &p), KVT_EINVAL, "struct_size");
 
     /* Sequence options the same way. */
     o = base_opts();
-    TU_OK(kvt_pool_create(&p, &o));
+    TU_OK(kvt_pool_create(&o, &p));
     kvt_seq_opts so = KVT_SEQ_OPTS_INIT;
     kvt_seq_id s = 42;
     so.struct_size = 3;
@@ -101,14 +101,14 @@ static void test_struct_size(void **state)
     kvt_stats st;
     memset(&st, 0, sizeof st);
     st.struct_size = 8;
-    TU_EXPECT_ERR(kvt_pool_stats(p, &st), KVT_EINVAL, "struct_size");
+    TU_EXPECT_ERR(kvt_pool_stats_get(p, &st), KVT_EINVAL, "struct_size");
     struct {
         kvt_stats s;
         uint64_t tail[3];
     } bst;
     memset(&bst, 0xff, sizeof bst);
     bst.s.struct_size = sizeof bst;
-    TU_OK(kvt_pool_stats(p, &bst.s));
+    TU_OK(kvt_pool_stats_get(p, &bst.s));
     assert_int_equal(bst.tail[0], 0);
     assert_int_equal(bst.tail[2], 0);
     assert_int_equal(bst.s.n_seqs, 1);
@@ -146,7 +146,7 @@ static void test_geometry_bad(void **state)
         kvt_pool_opts o = base_opts();
         o.geom = g;
         kvt_pool *p = (kvt_pool *)&o;
-        TU_EXPECT_ERR(kvt_pool_create(&p, &o), KVT_EINVAL, c->field);
+        TU_EXPECT_ERR(kvt_pool_create(&o, &p), KVT_EINVAL, c->field);
         assert_null(p);
     }
     TU_EXPECT_ERR(kvt_geometry_validate(NULL), KVT_EINVAL, "geom");
@@ -179,42 +179,40 @@ static void test_pool_opts_bad(void **state)
     kvt_pool_opts o;
     uint64_t bb = 2ull * 16 * 64 * 2;
 
-    TU_EXPECT_ERR(kvt_pool_create(NULL, &o), KVT_EINVAL, "out");
-    TU_EXPECT_ERR(kvt_pool_create(&p, NULL), KVT_EINVAL, "opts");
+    TU_EXPECT_ERR(kvt_pool_create(&o, NULL), KVT_EINVAL, "out");
+    TU_EXPECT_ERR(kvt_pool_create(NULL, &p), KVT_EINVAL, "opts");
 
     o = base_opts(); o.device_bytes = 0;
-    TU_EXPECT_ERR(kvt_pool_create(&p, &o), KVT_EINVAL, "device_bytes");
+    TU_EXPECT_ERR(kvt_pool_create(&o, &p), KVT_EINVAL, "device_bytes");
     o = base_opts(); o.device_bytes = bb + bb / 2; /* one block: only the null block */
-    TU_EXPECT_ERR(kvt_pool_create(&p, &o), KVT_EINVAL, "device_bytes");
+    TU_EXPECT_ERR(kvt_pool_create(&o, &p), KVT_EINVAL, "device_bytes");
     o = base_opts(); o.device_bytes = UINT64_MAX; /* block count past 32 bits */
-    TU_EXPECT_ERR(kvt_pool_create(&p, &o), KVT_EOVERFLOW, "device_bytes");
+    TU_EXPECT_ERR(kvt_pool_create(&o, &p), KVT_EOVERFLOW, "device_bytes");
     o = base_opts(); o.host_bytes = UINT64_MAX - 5;
-    TU_EXPECT_ERR(kvt_pool_create(&p, &o), KVT_EOVERFLOW, "host_bytes");
+    TU_EXPECT_ERR(kvt_pool_create(&o, &p), KVT_EOVERFLOW, "host_bytes");
     o = base_opts(); o.host_bytes = bb;
-    TU_EXPECT_ERR(kvt_pool_create(&p, &o), KVT_EINVAL, "host_bytes");
+    TU_EXPECT_ERR(kvt_pool_create(&o, &p), KVT_EINVAL, "host_bytes");
     /* Huge but representable: 2^31 blocks of 4 KiB = 8 TiB cannot be mapped. */
     o = base_opts(); o.device_bytes = (1ull << 31) * bb;
-    TU_EXPECT_ERR(kvt_pool_create(&p, &o), KVT_ENOMEM, "device_bytes");
+    TU_EXPECT_ERR(kvt_pool_create(&o, &p), KVT_ENOMEM, "device_bytes");
     o = base_opts(); o.host_bytes = (1ull << 31) * bb;
-    TU_EXPECT_ERR(kvt_pool_create(&p, &o), KVT_ENOMEM, "host_bytes");
+    TU_EXPECT_ERR(kvt_pool_create(&o, &p), KVT_ENOMEM, "host_bytes");
     o = base_opts(); o.backend = 7;
-    TU_EXPECT_ERR(kvt_pool_create(&p, &o), KVT_EINVAL, "backend");
+    TU_EXPECT_ERR(kvt_pool_create(&o, &p), KVT_EINVAL, "backend");
     o = base_opts(); o.flags = 0x80;
-    TU_EXPECT_ERR(kvt_pool_create(&p, &o), KVT_EINVAL, "flags");
-    o = base_opts(); o.reserved0 = 1;
-    TU_EXPECT_ERR(kvt_pool_create(&p, &o), KVT_EINVAL, "reserved0");
+    TU_EXPECT_ERR(kvt_pool_create(&o, &p), KVT_EINVAL, "flags");
     o = base_opts(); o.host_numa = 9;
-    TU_EXPECT_ERR(kvt_pool_create(&p, &o), KVT_EINVAL, "host_numa");
+    TU_EXPECT_ERR(kvt_pool_create(&o, &p), KVT_EINVAL, "host_numa");
     o = base_opts(); o.host_numa = KVT_NUMA_NODE; o.host_numa_node = 4096;
-    TU_EXPECT_ERR(kvt_pool_create(&p, &o), KVT_EINVAL, "host_numa_node");
+    TU_EXPECT_ERR(kvt_pool_create(&o, &p), KVT_EINVAL, "host_numa_node");
     o = base_opts(); o.host_numa = KVT_NUMA_NODE; o.host_numa_node = -2;
-    TU_EXPECT_ERR(kvt_pool_create(&p, &o), KVT_EINVAL, "host_numa_node");
+    TU_EXPECT_ERR(kvt_pool_create(&o, &p), KVT_EINVAL, "host_numa_node");
     o = base_opts(); o.max_seqs = KVT_MAX_SEQS_LIMIT + 1;
-    TU_EXPECT_ERR(kvt_pool_create(&p, &o), KVT_EINVAL, "max_seqs");
+    TU_EXPECT_ERR(kvt_pool_create(&o, &p), KVT_EINVAL, "max_seqs");
     o = base_opts(); o.max_seq_tokens = KVT_MAX_SEQ_TOKENS_LIMIT + 1;
-    TU_EXPECT_ERR(kvt_pool_create(&p, &o), KVT_EINVAL, "max_seq_tokens");
+    TU_EXPECT_ERR(kvt_pool_create(&o, &p), KVT_EINVAL, "max_seq_tokens");
     o = base_opts(); o.n_threads = 100000;
-    TU_EXPECT_ERR(kvt_pool_create(&p, &o), KVT_EINVAL, "n_threads");
+    TU_EXPECT_ERR(kvt_pool_create(&o, &p), KVT_EINVAL, "n_threads");
     assert_null(p);
 }
 
@@ -224,28 +222,28 @@ static void test_disk_and_backend(void **state)
     kvt_pool *p = NULL;
     kvt_pool_opts o = base_opts();
     o.disk_bytes = 1 << 20;
-    TU_EXPECT_ERR(kvt_pool_create(&p, &o), KVT_EINVAL, "disk_dir");
+    TU_EXPECT_ERR(kvt_pool_create(&o, &p), KVT_EINVAL, "disk_dir");
     o = base_opts();
     o.disk_dir = "/tmp";
-    TU_EXPECT_ERR(kvt_pool_create(&p, &o), KVT_EINVAL, "disk_bytes");
+    TU_EXPECT_ERR(kvt_pool_create(&o, &p), KVT_EINVAL, "disk_bytes");
     o.disk_bytes = 1 << 20;
     o.disk_dir = "/nonexistent/kvtier-dir";
-    TU_EXPECT_ERR(kvt_pool_create(&p, &o), KVT_EINVAL, "disk_dir");
+    TU_EXPECT_ERR(kvt_pool_create(&o, &p), KVT_EINVAL, "disk_dir");
     o.disk_dir = "/etc/passwd"; /* exists, not a directory */
-    TU_EXPECT_ERR(kvt_pool_create(&p, &o), KVT_EINVAL, "disk_dir");
+    TU_EXPECT_ERR(kvt_pool_create(&o, &p), KVT_EINVAL, "disk_dir");
     char dir[] = "/tmp/kvt-opts-XXXXXX";
     assert_non_null(mkdtemp(dir));
     o.disk_dir = dir;
     /* The disk tier needs a host tier to cache over it. */
-    TU_EXPECT_ERR(kvt_pool_create(&p, &o), KVT_EINVAL, "host_bytes");
+    TU_EXPECT_ERR(kvt_pool_create(&o, &p), KVT_EINVAL, "host_bytes");
     o.host_bytes = 64 << 20;
     /* 1 MiB holds no whole segment (16 extents x 64 pages x 4 KiB slots). */
-    TU_EXPECT_ERR(kvt_pool_create(&p, &o), KVT_EINVAL, "disk_bytes");
+    TU_EXPECT_ERR(kvt_pool_create(&o, &p), KVT_EINVAL, "disk_bytes");
     assert_null(p);
     o.disk_bytes = 8u << 20;
-    TU_OK(kvt_pool_create(&p, &o));
+    TU_OK(kvt_pool_create(&o, &p));
     kvt_stats st0 = {.struct_size = sizeof st0};
-    TU_OK(kvt_pool_stats(p, &st0));
+    TU_OK(kvt_pool_stats_get(p, &st0));
     /* Two whole 4 MiB segments: 2 x 16 x 64 page slots. */
     assert_int_equal(st0.tier[KVT_TIER_DISK].blocks_total, 2 * 16 * 64);
     assert_int_equal(st0.tier[KVT_TIER_DISK].blocks_used, 0);
@@ -261,7 +259,7 @@ static void test_disk_and_backend(void **state)
     o = base_opts();
     o.backend = KVT_BACKEND_CUDA;
     kvt_clear_error();
-    int rc = kvt_pool_create(&p, &o);
+    int rc = kvt_pool_create(&o, &p);
     if (!(kvt_build_features() & KVT_FEATURE_CUDA)) {
         assert_int_equal(rc, KVT_ENOTSUP);
         assert_non_null(strstr(kvt_last_error(), "no CUDA backend"));
@@ -272,15 +270,15 @@ static void test_disk_and_backend(void **state)
         assert_null(p);
     } else {
         kvt_stats sc = {.struct_size = sizeof sc};
-        TU_OK(kvt_pool_stats(p, &sc));
+        TU_OK(kvt_pool_stats_get(p, &sc));
         assert_int_equal(sc.backend, KVT_BACKEND_CUDA);
         kvt_pool_destroy(p);
         p = NULL;
     }
     o.backend = KVT_BACKEND_AUTO;
-    TU_OK(kvt_pool_create(&p, &o));
+    TU_OK(kvt_pool_create(&o, &p));
     kvt_stats st = {.struct_size = sizeof st};
-    TU_OK(kvt_pool_stats(p, &st));
+    TU_OK(kvt_pool_stats_get(p, &st));
     assert_int_equal(st.backend, KVT_BACKEND_CPU);
     kvt_pool_destroy(p);
     kvt_pool_destroy(NULL); /* accepted */

@@ -5,7 +5,7 @@
  * KVT_ENOSPC leaving the pool unchanged, kvt_pool_sizing_get, dirty ranges,
  * bad input and a disk tier under a small host. The references are the K/V
  * bit patterns the test appended (placetest.h: attention in double over the
- * pages kvt_step_selection reports, scores in double from the page metadata,
+ * pages kvt_step_selection_get reports, scores in double from the page metadata,
  * and keys designed so that the score order is known in advance). */
 #include "placetest.h"
 
@@ -36,7 +36,7 @@ static void snap_take(snap *sn, const pfx *f)
             for (uint32_t h = 0; h < N_KV_HEADS && np; h++) {
                 uint32_t dev[MAXPG], host[MAXPG];
                 uint8_t res[MAXPG];
-                TU_OK(kvt_seq_block_table(f->p, f->t[i].id, l, h, 0, np, dev, host, res));
+                TU_OK(kvt_seq_block_table_get(f->p, f->t[i].id, l, h, 0, np, dev, host, res));
                 PUT(dev, np * sizeof *dev);
                 PUT(host, np * sizeof *host);
                 PUT(res, np);
@@ -466,7 +466,7 @@ static void ready_after_warmup(pfx *f, kvt_step *st)
 {
     for (uint32_t i = 0; i < f->ns; i++) {
         uint32_t ready = 9;
-        TU_OK(kvt_step_ready(st, i, &ready));
+        TU_OK(kvt_step_ready_get(st, i, &ready));
         assert_true(ready <= 1);
         f->warm_pending[i] = !ready;
         for (uint32_t lh = 0; ready && lh < NLH; lh++) {
@@ -879,7 +879,7 @@ static void test_sizing(void **state)
     kvt_pool_sizing want = want_sizing(&pc, 16 * PAGE_TOKENS, 2);
     assert_int_equal(sz.device_pages, want.device_pages);
     o.host_bytes = sz.host_bytes;
-    TU_OK(kvt_pool_create(&f->p, &o));
+    TU_OK(kvt_pool_create(&o, &f->p));
     f->m = mover_of(f->p);
     kvt_stats s = pstats(f->p);
     assert_true(s.tier[KVT_TIER_DEVICE].blocks_total >= sz.device_pages);
@@ -962,18 +962,18 @@ static void test_bad_input(void **state)
     kvt_seq_id ids[2] = {f->t[0].id, f->t[1].id};
     TU_OK(kvt_step_plan(f->p, ids, 2, &so, &st));
     uint32_t ready = 0, first = 0, n = 0;
-    EXPECT(kvt_rerank_recycle(NULL, 0, q), KVT_EINVAL, "step");
-    EXPECT(kvt_rerank_recycle(st, N_LAYERS, q), KVT_EINVAL, "layer");
-    EXPECT(kvt_rerank_recycle(st, 0, NULL), KVT_EINVAL, "q");
-    EXPECT(kvt_step_ready(NULL, 0, &ready), KVT_EINVAL, "step");
-    EXPECT(kvt_step_ready(st, 2, &ready), KVT_EINVAL, "seq_index");
-    EXPECT(kvt_step_ready(st, 0, NULL), KVT_EINVAL, "ready");
-    EXPECT(kvt_step_dirty(NULL, 0, 0, 0, &first, &n), KVT_EINVAL, "step");
-    EXPECT(kvt_step_dirty(st, N_LAYERS, 0, 0, &first, &n), KVT_EINVAL, "layer");
-    EXPECT(kvt_step_dirty(st, 0, 2, 0, &first, &n), KVT_EINVAL, "seq_index");
-    EXPECT(kvt_step_dirty(st, 0, 0, N_KV_HEADS, &first, &n), KVT_EINVAL, "kv_head");
-    EXPECT(kvt_step_dirty(st, 0, 0, 0, NULL, &n), KVT_EINVAL, "first_page");
-    EXPECT(kvt_step_dirty(st, 0, 0, 0, &first, NULL), KVT_EINVAL, "n_pages");
+    EXPECT(kvt_step_select(NULL, 0, q), KVT_EINVAL, "step");
+    EXPECT(kvt_step_select(st, N_LAYERS, q), KVT_EINVAL, "layer");
+    EXPECT(kvt_step_select(st, 0, NULL), KVT_EINVAL, "q");
+    EXPECT(kvt_step_ready_get(NULL, 0, &ready), KVT_EINVAL, "step");
+    EXPECT(kvt_step_ready_get(st, 2, &ready), KVT_EINVAL, "seq_index");
+    EXPECT(kvt_step_ready_get(st, 0, NULL), KVT_EINVAL, "ready");
+    EXPECT(kvt_step_dirty_get(NULL, 0, 0, 0, &first, &n), KVT_EINVAL, "step");
+    EXPECT(kvt_step_dirty_get(st, N_LAYERS, 0, 0, &first, &n), KVT_EINVAL, "layer");
+    EXPECT(kvt_step_dirty_get(st, 0, 2, 0, &first, &n), KVT_EINVAL, "seq_index");
+    EXPECT(kvt_step_dirty_get(st, 0, 0, N_KV_HEADS, &first, &n), KVT_EINVAL, "kv_head");
+    EXPECT(kvt_step_dirty_get(st, 0, 0, 0, NULL, &n), KVT_EINVAL, "first_page");
+    EXPECT(kvt_step_dirty_get(st, 0, 0, 0, &first, NULL), KVT_EINVAL, "n_pages");
     /* Warm-up while a step is open. */
     EXPECT(kvt_seq_warmup(f->p, f->t[0].id, obs, 2), KVT_ESTATE, "");
     TU_OK(kvt_step_finish(st));
@@ -1003,7 +1003,7 @@ static void test_bad_input(void **state)
     /* Explicit moves against the policy's placement: dropping the device
      * copy of an unstable head's page, or of a stable head's sink page. */
     kvt_mover *mv;
-    TU_OK(kvt_pool_mover(f->p, &mv));
+    TU_OK(kvt_pool_mover_get(f->p, &mv));
     kvt_fence fence;
     int32_t mres[1];
     const kvt_move unst = {f->t[0].id, 1, 1, 2, KVT_TIER_DEVICE, KVT_TIER_HOST,
@@ -1021,30 +1021,27 @@ static void test_bad_input(void **state)
         tu_opts(N_LAYERS, N_KV_HEADS, HQ, HEAD_DIM, PAGE_TOKENS, KVT_DTYPE_F16, 64, 0);
     o.policy = f->pol;
     o.selector = f->sel;
-    EXPECT(kvt_pool_create(&p2, &o), KVT_EINVAL, "policy"); /* no host tier */
+    EXPECT(kvt_pool_create(&o, &p2), KVT_EINVAL, "policy"); /* no host tier */
     assert_null(p2);
     o.host_bytes = 64ull * 2 * PAGE_TOKENS * HEAD_DIM * 2;
     kvt_geometry g2 = pgeom();
     g2.head_dim = 32;
     kvt_policy *pol32;
-    TU_OK(kvt_policy_create(&pol32, &g2, NULL));
+    TU_OK(kvt_policy_create(&g2, NULL, &pol32));
     kvt_selector *sel32;
-    TU_OK(kvt_selector_create(&sel32, &g2, NULL));
+    TU_OK(kvt_selector_create(&g2, NULL, &sel32));
     o.policy = pol32;
-    EXPECT(kvt_pool_create(&p2, &o), KVT_EINVAL, "policy");
+    EXPECT(kvt_pool_create(&o, &p2), KVT_EINVAL, "policy");
     o.policy = f->pol;
     o.selector = sel32;
-    EXPECT(kvt_pool_create(&p2, &o), KVT_EINVAL, "selector");
+    EXPECT(kvt_pool_create(&o, &p2), KVT_EINVAL, "selector");
     o.selector = f->sel;
-    o.reserved1 = 1;
-    EXPECT(kvt_pool_create(&p2, &o), KVT_EINVAL, "reserved1");
-    o.reserved1 = 0;
     assert_null(p2);
 
     /* Warm-up needs a tiered pool with a selector. */
     o.target_tokens = 0;
     o.selector = NULL;
-    TU_OK(kvt_pool_create(&p2, &o));
+    TU_OK(kvt_pool_create(&o, &p2));
     kvt_seq_id x;
     TU_OK(kvt_seq_create(p2, NULL, &x));
     TU_OK(kvt_seq_append(p2, x, 0, f->t[0].k[0], f->t[0].v[0], 3 * PAGE_TOKENS, KVT_DTYPE_F16, 0));
@@ -1054,7 +1051,7 @@ static void test_bad_input(void **state)
     kvt_pool_destroy(p2);
     o.policy = NULL;
     o.selector = f->sel;
-    TU_OK(kvt_pool_create(&p2, &o));
+    TU_OK(kvt_pool_create(&o, &p2));
     TU_OK(kvt_seq_create(p2, NULL, &x));
     TU_OK(kvt_seq_append(p2, x, 0, f->t[0].k[0], f->t[0].v[0], 3 * PAGE_TOKENS, KVT_DTYPE_F16, 0));
     TU_OK(kvt_seq_append(p2, x, 1, f->t[0].k[1], f->t[0].v[1], 3 * PAGE_TOKENS, KVT_DTYPE_F16, 0));

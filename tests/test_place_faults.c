@@ -2,7 +2,7 @@
  * the library): a disk tier with a host too small to cache the offloaded
  * pages, so promotions read from the disk.
  *   - A read fault (EIO, or a flipped byte caught by the CRC: ECORRUPT)
- *     during a step's promotions: kvt_sparse_decode returns the code after
+ *     during a step's promotions: kvt_step_decode returns the code after
  *     decoding the other sequences exactly, the failing sequence comes back
  *     zeroed (lse -inf), the pool passes kvt_pool_check, every page still
  *     reads back byte-exact (the flip is in the read, not on the disk), and
@@ -168,8 +168,8 @@ static void test_offload_write_fault(void **state)
                 continue;
             const uint32_t pg = f->t[i].n / PAGE_TOKENS - 1;
             uint8_t rs;
-            TU_OK(kvt_seq_block_table(f->p, f->t[i].id, lh / N_KV_HEADS, lh % N_KV_HEADS, pg, 1,
-                                      NULL, NULL, &rs));
+            TU_OK(kvt_seq_block_table_get(f->p, f->t[i].id, lh / N_KV_HEADS, lh % N_KV_HEADS, pg, 1,
+                                          NULL, NULL, &rs));
             if (!(rs & (KVT_RES_HOST | KVT_RES_DISK))) {
                 stuck++;
                 assert_int_equal(rs, KVT_RES_DEVICE);
@@ -208,8 +208,8 @@ static void test_warmup_read_fault_later_layers(void **state)
     kvt_policy_heads hd = {sizeof hd, NLH, cls, k, NULL, NULL, NULL, iv};
     kvt_policy *pol;
     kvt_selector *sel;
-    TU_OK(kvt_policy_create_heads(&pol, &g, NULL, &hd));
-    TU_OK(kvt_selector_create(&sel, &g, NULL));
+    TU_OK(kvt_policy_create_heads(&g, NULL, &hd, &pol));
+    TU_OK(kvt_selector_create(&g, NULL, &sel));
     kvt_mover_opts mo;
     TU_OK(kvt_mover_opts_init(&mo));
     mo.extent_pages = 4;
@@ -220,9 +220,9 @@ static void test_warmup_read_fault_later_layers(void **state)
     o.policy = pol;
     o.selector = sel;
     kvt_pool *p;
-    TU_OK(kvt_pool_create(&p, &o));
+    TU_OK(kvt_pool_create(&o, &p));
     kvt_mover *m;
-    TU_OK(kvt_pool_mover(p, &m));
+    TU_OK(kvt_pool_mover_get(p, &m));
     /* A sequence on rerank phase 1: with interval 16 its stable heads are
      * not due at its first step. */
     kvt_seq_id dummy, a;
@@ -269,9 +269,9 @@ static void test_warmup_read_fault_later_layers(void **state)
         }
         for (int i = 0; i < HQ * HEAD_DIM; i++)
             q[i] = tu_unit(&r) * 2 - 1;
-        TU_OK(kvt_append(st, l, kf, vf, KVT_DTYPE_F32, 0));
-        TU_OK(kvt_rerank_recycle(st, l, q));
-        const int rc = kvt_sparse_decode(st, l, q, out, lse);
+        TU_OK(kvt_step_append(st, l, kf, vf, KVT_DTYPE_F32, 0));
+        TU_OK(kvt_step_select(st, l, q));
+        const int rc = kvt_step_decode(st, l, q, out, lse);
         if (l == 0) {
             assert_int_equal(rc, KVT_EIO); /* the warm-up's failure, reported once */
             for (int g2 = 0; g2 < HQ; g2++)
@@ -281,7 +281,7 @@ static void test_warmup_read_fault_later_layers(void **state)
         TU_OK(rc);
         for (uint32_t h = 0; h < N_KV_HEADS; h++) {
             uint32_t pages[64], cnt, rr;
-            TU_OK(kvt_step_selection(st, l, 0, h, pages, 64, &cnt, &rr));
+            TU_OK(kvt_step_selection_get(st, l, 0, h, pages, 64, &cnt, &rr));
             assert_int_equal(rr, 1); /* rescored, not the warm-up's selection */
             for (uint32_t j = 0; j < cnt; j++)
                 assert_true(residency(p, a, l, h, pages[j]) & KVT_RES_DEVICE);

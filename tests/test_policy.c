@@ -87,7 +87,7 @@ static kvt_policy *policy_of(const kvt_geometry *g, const heads *hd)
 {
     kvt_policy_heads ph = {sizeof ph, hd->n, hd->cls, hd->k, hd->w, hd->sink, hd->local, hd->iv};
     kvt_policy *p;
-    TU_OK(kvt_policy_create_heads(&p, g, NULL, &ph));
+    TU_OK(kvt_policy_create_heads(g, NULL, &ph, &p));
     return p;
 }
 
@@ -98,7 +98,7 @@ static void same_heads(const kvt_policy *p, const kvt_geometry *g, const heads *
         kvt_policy_head_info info;
         memset(&info, 0xee, sizeof info);
         info.struct_size = sizeof info;
-        TU_OK(kvt_policy_head(p, i / g->n_kv_heads, i % g->n_kv_heads, &info));
+        TU_OK(kvt_policy_head_get(p, i / g->n_kv_heads, i % g->n_kv_heads, &info));
         assert_int_equal(info.head_class, hd->cls[i]);
         assert_int_equal(info.top_k_pages, hd->k[i]);
         assert_int_equal(info.window, hd->w[i]);
@@ -129,9 +129,9 @@ static void test_opts_and_uniform(void **state)
     /* Defaults resolved in the geometry: q heads, page_tokens, dtype. */
     kvt_geometry g = {3, 5, 0, 64, 0, 0, {0, 0}};
     kvt_policy *p;
-    TU_OK(kvt_policy_create(&p, &g, NULL));
+    TU_OK(kvt_policy_create(&g, NULL, &p));
     kvt_geometry r;
-    TU_OK(kvt_policy_geometry(p, &r));
+    TU_OK(kvt_policy_geometry_get(p, &r));
     assert_int_equal(r.n_q_heads, 5);
     assert_int_equal(r.page_tokens, 16);
     assert_int_equal(r.dtype, KVT_DTYPE_F16);
@@ -145,9 +145,9 @@ static void test_opts_and_uniform(void **state)
     }
     same_heads(p, &r, &want);
     uint32_t n;
-    TU_OK(kvt_policy_count(p, KVT_HEAD_STABLE, &n));
+    TU_OK(kvt_policy_count_get(p, KVT_HEAD_STABLE, &n));
     assert_int_equal(n, 15);
-    TU_OK(kvt_policy_count(p, KVT_HEAD_UNSTABLE, &n));
+    TU_OK(kvt_policy_count_get(p, KVT_HEAD_UNSTABLE, &n));
     assert_int_equal(n, 0);
     kvt_policy_destroy(p);
 
@@ -158,7 +158,7 @@ static void test_opts_and_uniform(void **state)
     b.window = 3;
     b.sink_pages = 0;
     b.local_pages = 5;
-    TU_OK(kvt_policy_create(&p, &g, &b));
+    TU_OK(kvt_policy_create(&g, &b, &p));
     for (uint32_t i = 0; i < 15; i++) {
         want.cls[i] = KVT_HEAD_UNSTABLE;
         want.k[i] = 7;
@@ -168,7 +168,7 @@ static void test_opts_and_uniform(void **state)
         want.iv[i] = 2;
     }
     same_heads(p, &r, &want);
-    TU_OK(kvt_policy_count(p, KVT_HEAD_UNSTABLE, &n));
+    TU_OK(kvt_policy_count_get(p, KVT_HEAD_UNSTABLE, &n));
     assert_int_equal(n, 15);
     kvt_policy_destroy(p);
     kvt_policy_destroy(NULL);
@@ -186,8 +186,8 @@ static void test_create_heads(void **state)
     uint32_t nu = 0, ns = 0, cu = 0;
     for (uint32_t i = 0; i < 24; i++)
         cu += hd.cls[i] == KVT_HEAD_UNSTABLE;
-    TU_OK(kvt_policy_count(p, KVT_HEAD_UNSTABLE, &nu));
-    TU_OK(kvt_policy_count(p, KVT_HEAD_STABLE, &ns));
+    TU_OK(kvt_policy_count_get(p, KVT_HEAD_UNSTABLE, &nu));
+    TU_OK(kvt_policy_count_get(p, KVT_HEAD_STABLE, &ns));
     assert_int_equal(nu, cu);
     assert_int_equal(ns, 24 - cu);
     kvt_policy_destroy(p);
@@ -200,7 +200,7 @@ static void test_create_heads(void **state)
     o.stable_interval = 8;
     o.unstable_interval = 3;
     kvt_policy_heads ph = {sizeof ph, 24, hd.cls, NULL, NULL, NULL, NULL, NULL};
-    TU_OK(kvt_policy_create_heads(&p, &g, &o, &ph));
+    TU_OK(kvt_policy_create_heads(&g, &o, &ph, &p));
     heads want = hd;
     for (uint32_t i = 0; i < 24; i++) {
         want.k[i] = 9;
@@ -213,7 +213,7 @@ static void test_create_heads(void **state)
     /* All NULL: the uniform policy. */
     kvt_policy_heads none = {sizeof none, 24, NULL, NULL, NULL, NULL, NULL, NULL};
     o.default_class = KVT_HEAD_UNSTABLE;
-    TU_OK(kvt_policy_create_heads(&p, &g, &o, &none));
+    TU_OK(kvt_policy_create_heads(&g, &o, &none, &p));
     for (uint32_t i = 0; i < 24; i++) {
         want.cls[i] = KVT_HEAD_UNSTABLE;
         want.iv[i] = 3;
@@ -272,7 +272,7 @@ static void test_device_pages(void **state)
         const uint64_t ctxs[] = {0, 1, 15, 16, 17, 33, 100, 160, 1000 + (uint64_t)it};
         for (size_t c = 0; c < sizeof ctxs / sizeof ctxs[0]; c++) {
             uint64_t dev = 1, tot = 1, rt;
-            TU_OK(kvt_policy_device_pages(p, ctxs[c], &dev, &tot));
+            TU_OK(kvt_policy_device_pages_get(p, ctxs[c], &dev, &tot));
             const uint64_t rd = ref_device_pages(&hd, ctxs[c], 16, &rt);
             if (dev != rd || tot != rt)
                 fail_msg("ctx %llu: %llu of %llu device pages, reference %llu of %llu",
@@ -284,18 +284,18 @@ static void test_device_pages(void **state)
     }
     /* Huge contexts: the page count overflows. */
     kvt_policy *p;
-    TU_OK(kvt_policy_create(&p, &g, NULL));
+    TU_OK(kvt_policy_create(&g, NULL, &p));
     uint64_t dev, tot;
-    TU_OK(kvt_policy_device_pages(p, UINT64_MAX, &dev, NULL));
-    TU_OK(kvt_policy_device_pages(p, UINT64_MAX, &dev, &tot));
+    TU_OK(kvt_policy_device_pages_get(p, UINT64_MAX, &dev, NULL));
+    TU_OK(kvt_policy_device_pages_get(p, UINT64_MAX, &dev, &tot));
     assert_true(tot == (UINT64_MAX / 16 + 1) * 8);
     kvt_geometry big = {4, 8, 8, 16, 8, KVT_DTYPE_F16, {0, 0}}; /* 32 x 2^61 pages */
     kvt_policy *pb;
     kvt_policy_opts o;
     kvt_policy_opts_init(&o);
     o.default_class = KVT_HEAD_UNSTABLE;
-    TU_OK(kvt_policy_create(&pb, &big, &o));
-    TU_EXPECT_ERR(kvt_policy_device_pages(pb, UINT64_MAX, &dev, &tot), KVT_EOVERFLOW,
+    TU_OK(kvt_policy_create(&big, &o, &pb));
+    TU_EXPECT_ERR(kvt_policy_device_pages_get(pb, UINT64_MAX, &dev, &tot), KVT_EOVERFLOW,
                   "ctx_tokens");
     kvt_policy_destroy(pb);
     kvt_policy_destroy(p);
@@ -329,7 +329,7 @@ static void test_describe(void **state)
     assert_non_null(strstr(buf, "rerank every 16 steps"));
     assert_non_null(strstr(buf, "rerank every 1 step\n"));
     uint64_t dev, tot, rt;
-    TU_OK(kvt_policy_device_pages(p, 32768, &dev, &tot));
+    TU_OK(kvt_policy_device_pages_get(p, 32768, &dev, &tot));
     assert_true(dev == ref_device_pages(&hd, 32768, 16, &rt));
     char line[160];
     snprintf(line, sizeof line, "at 32768 tokens per sequence: %llu of %llu KV pages",
@@ -358,18 +358,18 @@ static void test_bad_input(void **state)
     kvt_policy *p = (kvt_policy *)&g;
     kvt_policy_opts o;
     TU_EXPECT_ERR(kvt_policy_opts_init(NULL), KVT_EINVAL, "opts");
-    TU_EXPECT_ERR(kvt_policy_create(NULL, &g, NULL), KVT_EINVAL, "out");
-    TU_EXPECT_ERR(kvt_policy_create(&p, NULL, NULL), KVT_EINVAL, "geom");
+    TU_EXPECT_ERR(kvt_policy_create(&g, NULL, NULL), KVT_EINVAL, "out");
+    TU_EXPECT_ERR(kvt_policy_create(NULL, NULL, &p), KVT_EINVAL, "geom");
     assert_null(p);
     kvt_geometry bg = g;
     bg.n_layers = 0;
-    TU_EXPECT_ERR(kvt_policy_create(&p, &bg, NULL), KVT_EINVAL, "n_layers");
+    TU_EXPECT_ERR(kvt_policy_create(&bg, NULL, &p), KVT_EINVAL, "n_layers");
 #define BAD_OPT(field, val, code, needle)                                                  \
     do {                                                                                   \
         kvt_policy_opts_init(&o);                                                          \
         o.field = val;                                                                     \
         p = (kvt_policy *)&g;                                                              \
-        TU_EXPECT_ERR(kvt_policy_create(&p, &g, &o), code, needle);                        \
+        TU_EXPECT_ERR(kvt_policy_create(&g, &o, &p), code, needle);                        \
         assert_null(p);                                                                    \
     } while (0)
     BAD_OPT(default_class, 2, KVT_EINVAL, "opts->default_class");
@@ -387,7 +387,7 @@ static void test_bad_input(void **state)
     o.top_k_pages = o.sink_pages = o.local_pages = KVT_SELECT_MAX_PAGES;
     o.window = KVT_POLICY_MAX_WINDOW;
     o.stable_interval = UINT32_MAX;
-    TU_OK(kvt_policy_create(&p, &g, &o));
+    TU_OK(kvt_policy_create(&g, &o, &p));
     kvt_policy_destroy(p);
 
     /* Per-head arrays: wrong count, each bad field named with its index. */
@@ -395,72 +395,72 @@ static void test_bad_input(void **state)
     uint32_t cls[4] = {0, 1, 0, 0}, k[4] = {1, 2, 3, 4}, w[4] = {1, 1, 1, 1};
     uint32_t s[4] = {0, 0, 0, 0}, l[4] = {1, 1, 1, 1}, iv[4] = {1, 1, 1, 1};
     kvt_policy_heads ph = {sizeof ph, 4, cls, k, w, s, l, iv};
-    TU_EXPECT_ERR(kvt_policy_create_heads(NULL, &g, NULL, &ph), KVT_EINVAL, "out");
-    TU_EXPECT_ERR(kvt_policy_create_heads(&p, NULL, NULL, &ph), KVT_EINVAL, "geom");
-    TU_EXPECT_ERR(kvt_policy_create_heads(&p, &g, NULL, NULL), KVT_EINVAL, "heads");
+    TU_EXPECT_ERR(kvt_policy_create_heads(&g, NULL, &ph, NULL), KVT_EINVAL, "out");
+    TU_EXPECT_ERR(kvt_policy_create_heads(NULL, NULL, &ph, &p), KVT_EINVAL, "geom");
+    TU_EXPECT_ERR(kvt_policy_create_heads(&g, NULL, NULL, &p), KVT_EINVAL, "heads");
     ph.n_heads = 3;
-    TU_EXPECT_ERR(kvt_policy_create_heads(&p, &g, NULL, &ph), KVT_EINVAL, "heads->n_heads");
+    TU_EXPECT_ERR(kvt_policy_create_heads(&g, NULL, &ph, &p), KVT_EINVAL, "heads->n_heads");
     ph.n_heads = 4;
     ph.struct_size = 8;
-    TU_EXPECT_ERR(kvt_policy_create_heads(&p, &g, NULL, &ph), KVT_EINVAL, "heads->struct_size");
+    TU_EXPECT_ERR(kvt_policy_create_heads(&g, NULL, &ph, &p), KVT_EINVAL, "heads->struct_size");
     ph.struct_size = sizeof ph;
     o.window = 0;
-    TU_EXPECT_ERR(kvt_policy_create_heads(&p, &g, &o, &ph), KVT_EINVAL, "opts->window");
+    TU_EXPECT_ERR(kvt_policy_create_heads(&g, &o, &ph, &p), KVT_EINVAL, "opts->window");
     cls[2] = 7;
-    TU_EXPECT_ERR(kvt_policy_create_heads(&p, &g, NULL, &ph), KVT_EINVAL,
+    TU_EXPECT_ERR(kvt_policy_create_heads(&g, NULL, &ph, &p), KVT_EINVAL,
                   "heads->head_class[2] (layer 1, kv_head 0)");
     cls[2] = 0;
     k[3] = KVT_SELECT_MAX_PAGES + 1;
-    TU_EXPECT_ERR(kvt_policy_create_heads(&p, &g, NULL, &ph), KVT_ERANGE,
+    TU_EXPECT_ERR(kvt_policy_create_heads(&g, NULL, &ph, &p), KVT_ERANGE,
                   "heads->top_k_pages[3]");
     k[3] = 4;
     w[1] = 0;
-    TU_EXPECT_ERR(kvt_policy_create_heads(&p, &g, NULL, &ph), KVT_EINVAL, "heads->window[1]");
+    TU_EXPECT_ERR(kvt_policy_create_heads(&g, NULL, &ph, &p), KVT_EINVAL, "heads->window[1]");
     w[1] = KVT_POLICY_MAX_WINDOW + 1;
-    TU_EXPECT_ERR(kvt_policy_create_heads(&p, &g, NULL, &ph), KVT_ERANGE, "heads->window[1]");
+    TU_EXPECT_ERR(kvt_policy_create_heads(&g, NULL, &ph, &p), KVT_ERANGE, "heads->window[1]");
     w[1] = 1;
     s[0] = KVT_SELECT_MAX_PAGES + 1;
-    TU_EXPECT_ERR(kvt_policy_create_heads(&p, &g, NULL, &ph), KVT_ERANGE,
+    TU_EXPECT_ERR(kvt_policy_create_heads(&g, NULL, &ph, &p), KVT_ERANGE,
                   "heads->sink_pages[0]");
     s[0] = 0;
     l[0] = KVT_SELECT_MAX_PAGES + 1;
-    TU_EXPECT_ERR(kvt_policy_create_heads(&p, &g, NULL, &ph), KVT_ERANGE,
+    TU_EXPECT_ERR(kvt_policy_create_heads(&g, NULL, &ph, &p), KVT_ERANGE,
                   "heads->local_pages[0]");
     l[0] = 1;
     iv[3] = 0;
-    TU_EXPECT_ERR(kvt_policy_create_heads(&p, &g, NULL, &ph), KVT_EINVAL,
+    TU_EXPECT_ERR(kvt_policy_create_heads(&g, NULL, &ph, &p), KVT_EINVAL,
                   "heads->rerank_interval[3]");
     iv[3] = 1;
-    TU_OK(kvt_policy_create_heads(&p, &g, NULL, &ph));
+    TU_OK(kvt_policy_create_heads(&g, NULL, &ph, &p));
 
     /* Accessors. */
     kvt_policy_head_info info = {.struct_size = sizeof info};
-    TU_EXPECT_ERR(kvt_policy_head(NULL, 0, 0, &info), KVT_EINVAL, "pol");
-    TU_EXPECT_ERR(kvt_policy_head(p, 2, 0, &info), KVT_EINVAL, "layer");
-    TU_EXPECT_ERR(kvt_policy_head(p, 0, 2, &info), KVT_EINVAL, "kv_head");
-    TU_EXPECT_ERR(kvt_policy_head(p, 0, 0, NULL), KVT_EINVAL, "info");
+    TU_EXPECT_ERR(kvt_policy_head_get(NULL, 0, 0, &info), KVT_EINVAL, "pol");
+    TU_EXPECT_ERR(kvt_policy_head_get(p, 2, 0, &info), KVT_EINVAL, "layer");
+    TU_EXPECT_ERR(kvt_policy_head_get(p, 0, 2, &info), KVT_EINVAL, "kv_head");
+    TU_EXPECT_ERR(kvt_policy_head_get(p, 0, 0, NULL), KVT_EINVAL, "info");
     info.struct_size = 12;
-    TU_EXPECT_ERR(kvt_policy_head(p, 0, 0, &info), KVT_EINVAL, "struct_size");
+    TU_EXPECT_ERR(kvt_policy_head_get(p, 0, 0, &info), KVT_EINVAL, "struct_size");
     union {
         kvt_policy_head_info i;
         uint8_t b[sizeof(kvt_policy_head_info) + 8];
     } raw;
     memset(&raw, 0xcd, sizeof raw);
     raw.i.struct_size = sizeof raw;
-    TU_OK(kvt_policy_head(p, 1, 1, &raw.i));
+    TU_OK(kvt_policy_head_get(p, 1, 1, &raw.i));
     assert_int_equal(raw.i.top_k_pages, 4);
     for (size_t i = sizeof raw.i; i < sizeof raw; i++)
         assert_int_equal(raw.b[i], 0);
     kvt_geometry og;
-    TU_EXPECT_ERR(kvt_policy_geometry(NULL, &og), KVT_EINVAL, "pol");
-    TU_EXPECT_ERR(kvt_policy_geometry(p, NULL), KVT_EINVAL, "out");
+    TU_EXPECT_ERR(kvt_policy_geometry_get(NULL, &og), KVT_EINVAL, "pol");
+    TU_EXPECT_ERR(kvt_policy_geometry_get(p, NULL), KVT_EINVAL, "out");
     uint32_t n;
-    TU_EXPECT_ERR(kvt_policy_count(NULL, 0, &n), KVT_EINVAL, "pol");
-    TU_EXPECT_ERR(kvt_policy_count(p, 2, &n), KVT_EINVAL, "head_class");
-    TU_EXPECT_ERR(kvt_policy_count(p, 0, NULL), KVT_EINVAL, "n_heads");
+    TU_EXPECT_ERR(kvt_policy_count_get(NULL, 0, &n), KVT_EINVAL, "pol");
+    TU_EXPECT_ERR(kvt_policy_count_get(p, 2, &n), KVT_EINVAL, "head_class");
+    TU_EXPECT_ERR(kvt_policy_count_get(p, 0, NULL), KVT_EINVAL, "n_heads");
     uint64_t dev;
-    TU_EXPECT_ERR(kvt_policy_device_pages(NULL, 1, &dev, NULL), KVT_EINVAL, "pol");
-    TU_EXPECT_ERR(kvt_policy_device_pages(p, 1, NULL, NULL), KVT_EINVAL, "device_pages");
+    TU_EXPECT_ERR(kvt_policy_device_pages_get(NULL, 1, &dev, NULL), KVT_EINVAL, "pol");
+    TU_EXPECT_ERR(kvt_policy_device_pages_get(p, 1, NULL, NULL), KVT_EINVAL, "device_pages");
     char buf[8];
     TU_EXPECT_ERR(kvt_policy_describe(NULL, 0, buf, sizeof buf, NULL), KVT_EINVAL, "pol");
     TU_EXPECT_ERR(kvt_policy_describe(p, 0, NULL, 8, NULL), KVT_EINVAL, "buf");
@@ -472,14 +472,14 @@ static void test_bad_input(void **state)
     TU_EXPECT_ERR(kvt_policy_save_buffer(p, buf, sizeof buf, &need), KVT_ERANGE, "cap");
     assert_int_equal(need, 64 + 4 * 32 + 4);
     kvt_policy *q = (kvt_policy *)&g;
-    TU_EXPECT_ERR(kvt_policy_load_buffer(NULL, buf, 8, NULL), KVT_EINVAL, "out");
-    TU_EXPECT_ERR(kvt_policy_load_buffer(&q, NULL, 8, NULL), KVT_EINVAL, "data");
+    TU_EXPECT_ERR(kvt_policy_load_buffer(buf, 8, NULL, NULL), KVT_EINVAL, "out");
+    TU_EXPECT_ERR(kvt_policy_load_buffer(NULL, 8, NULL, &q), KVT_EINVAL, "data");
     assert_null(q);
-    TU_EXPECT_ERR(kvt_policy_load_buffer(&q, NULL, 0, NULL), KVT_ECORRUPT, "data");
+    TU_EXPECT_ERR(kvt_policy_load_buffer(NULL, 0, NULL, &q), KVT_ECORRUPT, "data");
     TU_EXPECT_ERR(kvt_policy_save(NULL, "x"), KVT_EINVAL, "pol");
     TU_EXPECT_ERR(kvt_policy_save(p, NULL), KVT_EINVAL, "path");
-    TU_EXPECT_ERR(kvt_policy_load(NULL, "x", NULL), KVT_EINVAL, "out");
-    TU_EXPECT_ERR(kvt_policy_load(&q, NULL, NULL), KVT_EINVAL, "path");
+    TU_EXPECT_ERR(kvt_policy_load("x", NULL, NULL), KVT_EINVAL, "out");
+    TU_EXPECT_ERR(kvt_policy_load(NULL, NULL, &q), KVT_EINVAL, "path");
     kvt_policy_destroy(p);
 }
 
@@ -517,12 +517,12 @@ static void test_roundtrip(void **state)
         assert_int_equal(ref_file(ref, g, &hd), need);
         assert_memory_equal(b, ref, need);
         kvt_policy *q;
-        TU_OK(kvt_policy_load_buffer(&q, b, need, g));
+        TU_OK(kvt_policy_load_buffer(b, need, g, &q));
         same_heads(q, g, &hd);
         kvt_policy_destroy(q);
-        TU_OK(kvt_policy_load_buffer(&q, b, need, NULL));
+        TU_OK(kvt_policy_load_buffer(b, need, NULL, &q));
         kvt_geometry qg;
-        TU_OK(kvt_policy_geometry(q, &qg));
+        TU_OK(kvt_policy_geometry_get(q, &qg));
         assert_memory_equal(&qg, g, sizeof qg);
         kvt_policy_destroy(q);
         /* Through a file, over an older one. */
@@ -530,7 +530,7 @@ static void test_roundtrip(void **state)
         snprintf(path, sizeof path, "%s/p%zu.kvtprof", tmpdir, gi);
         TU_OK(kvt_policy_save(p, path));
         TU_OK(kvt_policy_save(p, path));
-        TU_OK(kvt_policy_load(&q, path, g));
+        TU_OK(kvt_policy_load(path, g, &q));
         same_heads(q, g, &hd);
         kvt_policy_destroy(q);
         FILE *f = fopen(path, "rb");
@@ -558,12 +558,12 @@ static void test_malformed(void **state)
     const size_t n = ref_file(good, &g, &hd);
     assert_int_equal(n, sizeof good);
     kvt_policy *q = NULL;
-    TU_OK(kvt_policy_load_buffer(&q, good, n, &g));
+    TU_OK(kvt_policy_load_buffer(good, n, &g, &q));
     kvt_policy_destroy(q);
 
     /* Truncated at every length. */
     for (size_t len = 0; len < n; len++) {
-        int rc = kvt_policy_load_buffer(&q, good, len, &g);
+        int rc = kvt_policy_load_buffer(good, len, &g, &q);
         if (rc != KVT_ECORRUPT)
             fail_msg("truncated to %zu bytes: %s (%s)", len, kvt_err_name(rc),
                      kvt_last_error());
@@ -574,7 +574,7 @@ static void test_malformed(void **state)
         for (int m = 0; m < 2; m++) {
             memcpy(b, good, n);
             b[i] ^= m ? 0xff : 0x10;
-            int rc = kvt_policy_load_buffer(&q, b, n, &g);
+            int rc = kvt_policy_load_buffer(b, n, &g, &q);
             if (rc != KVT_ECORRUPT)
                 fail_msg("byte %zu ^ 0x%02x: %s (%s)", i, m ? 0xff : 0x10, kvt_err_name(rc),
                          kvt_last_error());
@@ -583,11 +583,11 @@ static void test_malformed(void **state)
     /* Bytes appended, with and without a matching checksum. */
     memcpy(b, good, n);
     memset(b + n, 0, 8);
-    TU_EXPECT_ERR(kvt_policy_load_buffer(&q, b, n + 8, &g), KVT_ECORRUPT, "checksum");
+    TU_EXPECT_ERR(kvt_policy_load_buffer(b, n + 8, &g, &q), KVT_ECORRUPT, "checksum");
     memcpy(b, good, n - 4);
     memset(b + n - 4, 0, 8);
     resign(b, n + 4);
-    TU_EXPECT_ERR(kvt_policy_load_buffer(&q, b, n + 4, &g), KVT_ECORRUPT, "bytes");
+    TU_EXPECT_ERR(kvt_policy_load_buffer(b, n + 4, &g, &q), KVT_ECORRUPT, "bytes");
 
     /* Another geometry: each field, named with both values. */
     const char *names[] = {"n_layers", "n_kv_heads", "n_q_heads", "head_dim", "page_tokens",
@@ -600,7 +600,7 @@ static void test_malformed(void **state)
     for (int f = 0; f < 6; f++) {
         kvt_geometry e = other[f];
         kvt_clear_error();
-        int rc = kvt_policy_load_buffer(&q, good, n, &e);
+        int rc = kvt_policy_load_buffer(good, n, &e, &q);
         if (rc != KVT_EINVAL || !strstr(kvt_last_error(), names[f]) ||
             !strstr(kvt_last_error(), "expect"))
             fail_msg("geometry %s: %s (%s)", names[f], kvt_err_name(rc), kvt_last_error());
@@ -608,21 +608,21 @@ static void test_malformed(void **state)
     }
     kvt_geometry inv = g;
     inv.head_dim = 9;
-    TU_EXPECT_ERR(kvt_policy_load_buffer(&q, good, n, &inv), KVT_EINVAL, "expect");
+    TU_EXPECT_ERR(kvt_policy_load_buffer(good, n, &inv, &q), KVT_EINVAL, "expect");
 
     /* Version: newer is KVT_EINVAL, 0 is corrupt (checksums correct). */
     memcpy(b, good, n);
     put32(b + 8, 2);
     resign(b, n);
-    TU_EXPECT_ERR(kvt_policy_load_buffer(&q, b, n, &g), KVT_EINVAL, "version 2");
+    TU_EXPECT_ERR(kvt_policy_load_buffer(b, n, &g, &q), KVT_EINVAL, "version 2");
     put32(b + 8, 0);
     resign(b, n);
-    TU_EXPECT_ERR(kvt_policy_load_buffer(&q, b, n, &g), KVT_ECORRUPT, "version 0");
+    TU_EXPECT_ERR(kvt_policy_load_buffer(b, n, &g, &q), KVT_ECORRUPT, "version 0");
     /* A newer version may be shorter than version 1's header. */
     memcpy(b, good, 12);
     put32(b + 8, 9);
     resign(b, 16);
-    TU_EXPECT_ERR(kvt_policy_load_buffer(&q, b, 16, NULL), KVT_EINVAL, "version 9");
+    TU_EXPECT_ERR(kvt_policy_load_buffer(b, 16, NULL, &q), KVT_EINVAL, "version 9");
 
     /* Bad values with a correct checksum: offset, value, what the message names. */
     struct {
@@ -660,7 +660,7 @@ static void test_malformed(void **state)
         put32(b + bad[i].off, bad[i].v);
         resign(b, n);
         kvt_clear_error();
-        int rc = kvt_policy_load_buffer(&q, b, n, NULL);
+        int rc = kvt_policy_load_buffer(b, n, NULL, &q);
         if (rc != KVT_ECORRUPT || !strstr(kvt_last_error(), bad[i].needle))
             fail_msg("offset %zu = %u: %s (%s), expected KVT_ECORRUPT naming '%s'", bad[i].off,
                      bad[i].v, kvt_err_name(rc), kvt_last_error(), bad[i].needle);
@@ -670,7 +670,7 @@ static void test_malformed(void **state)
     memcpy(b, good, n);
     b[0] = 'k';
     resign(b, n);
-    TU_EXPECT_ERR(kvt_policy_load_buffer(&q, b, n, NULL), KVT_ECORRUPT, "magic");
+    TU_EXPECT_ERR(kvt_policy_load_buffer(b, n, NULL, &q), KVT_ECORRUPT, "magic");
 }
 
 static void test_file_errors(void **state)
@@ -679,12 +679,12 @@ static void test_file_errors(void **state)
     make_tmpdir();
     kvt_geometry g = {1, 2, 2, 8, 8, KVT_DTYPE_F16, {0, 0}};
     kvt_policy *p, *q = (kvt_policy *)&g;
-    TU_OK(kvt_policy_create(&p, &g, NULL));
+    TU_OK(kvt_policy_create(&g, NULL, &p));
     char path[160];
     snprintf(path, sizeof path, "%s/missing.kvtprof", tmpdir);
-    TU_EXPECT_ERR(kvt_policy_load(&q, path, NULL), KVT_ENOENT, "missing.kvtprof");
+    TU_EXPECT_ERR(kvt_policy_load(path, NULL, &q), KVT_ENOENT, "missing.kvtprof");
     assert_null(q);
-    TU_EXPECT_ERR(kvt_policy_load(&q, tmpdir, NULL), KVT_EINVAL, "regular file");
+    TU_EXPECT_ERR(kvt_policy_load(tmpdir, NULL, &q), KVT_EINVAL, "regular file");
     snprintf(path, sizeof path, "%s/no/such/dir/p.kvtprof", tmpdir);
     TU_EXPECT_ERR(kvt_policy_save(p, path), KVT_EIO, "path");
     /* A damaged file names the file in the message. */
@@ -692,12 +692,12 @@ static void test_file_errors(void **state)
     FILE *f = fopen(path, "wb");
     fwrite("KVTPROF\0\1\0\0", 1, 11, f);
     fclose(f);
-    TU_EXPECT_ERR(kvt_policy_load(&q, path, NULL), KVT_ECORRUPT, "short.kvtprof");
+    TU_EXPECT_ERR(kvt_policy_load(path, NULL, &q), KVT_ECORRUPT, "short.kvtprof");
     unlink(path);
     /* An empty file. */
     f = fopen(path, "wb");
     fclose(f);
-    TU_EXPECT_ERR(kvt_policy_load(&q, path, NULL), KVT_ECORRUPT, "truncated");
+    TU_EXPECT_ERR(kvt_policy_load(path, NULL, &q), KVT_ECORRUPT, "truncated");
     unlink(path);
     kvt_policy_destroy(p);
     rmdir(tmpdir);
@@ -721,7 +721,7 @@ static void test_fuzz_corpus(void **state)
         char path[512];
         snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
         kvt_policy *p;
-        int rc = kvt_policy_load(&p, path, NULL);
+        int rc = kvt_policy_load(path, NULL, &p);
         files++;
         if (rc == 0) {
             valid++;
@@ -762,7 +762,7 @@ static kvt_pool *step_pool(kvt_seq_id *ids, uint32_t n, tu_rng *r)
     kvt_pool_opts o = tu_opts(SL, SH, SH * SG, SD, SP, KVT_DTYPE_F16, 4096, 0);
     o.n_threads = 2;
     kvt_pool *p;
-    TU_OK(kvt_pool_create(&p, &o));
+    TU_OK(kvt_pool_create(&o, &p));
     for (uint32_t i = 0; i < n; i++) {
         TU_OK(kvt_seq_create(p, NULL, &ids[i]));
         const uint32_t T = 60 + 13 * i;
@@ -793,7 +793,7 @@ static void test_step_schedule(void **state)
     kvt_seq_id ids[SN];
     kvt_pool *pool = step_pool(ids, SN, &r);
     kvt_geometry g;
-    TU_OK(kvt_pool_geometry(pool, &g));
+    TU_OK(kvt_pool_geometry_get(pool, &g));
     heads hd = {.n = SL * SH};
     for (uint32_t i = 0; i < hd.n; i++) {
         hd.cls[i] = (i == 1 || i == 6) ? KVT_HEAD_UNSTABLE : KVT_HEAD_STABLE;
@@ -805,7 +805,7 @@ static void test_step_schedule(void **state)
     }
     kvt_policy *pol = policy_of(&g, &hd);
     kvt_selector *sel;
-    TU_OK(kvt_selector_create(&sel, &g, NULL)); /* its K 64 and interval 1 are overridden */
+    TU_OK(kvt_selector_create(&g, NULL, &sel)); /* its K 64 and interval 1 are overridden */
     kvt_step_opts so = KVT_STEP_OPTS_INIT;
     so.selector = sel;
     so.policy = pol;
@@ -820,14 +820,14 @@ static void test_step_schedule(void **state)
                 kv[e] = tu_unit(&r);
             for (size_t e = 0; e < sizeof q / sizeof q[0]; e++)
                 q[e] = tu_unit(&r);
-            TU_OK(kvt_append(st, l, kv, kv, KVT_DTYPE_F32, 0));
+            TU_OK(kvt_step_append(st, l, kv, kv, KVT_DTYPE_F32, 0));
             TU_OK(kvt_step_select(st, l, q));
             for (uint32_t i = 0; i < SN; i++)
                 for (uint32_t h = 0; h < SH; h++) {
                     const uint32_t b = l * SH + h;
                     uint32_t n, re = 9, T;
-                    TU_OK(kvt_step_selection(st, l, i, h, pages, 256, &n, &re));
-                    TU_OK(kvt_seq_length(pool, ids[i], l, &T));
+                    TU_OK(kvt_step_selection_get(st, l, i, h, pages, 256, &n, &re));
+                    TU_OK(kvt_seq_length_get(pool, ids[i], l, &T));
                     assert_true(re <= 1);
                     rr[step][i][b] = (uint8_t)re;
                     if (re) { /* the policy's budget of this head */
@@ -902,17 +902,17 @@ static void test_step_profiler(void **state)
     kvt_seq_id ids[N];
     kvt_pool *pool = step_pool(ids, N, &r);
     kvt_geometry g;
-    TU_OK(kvt_pool_geometry(pool, &g));
+    TU_OK(kvt_pool_geometry_get(pool, &g));
     kvt_selector_opts sopt = KVT_SELECTOR_OPTS_INIT;
     sopt.top_k_pages = 3;
     kvt_selector *sel;
-    TU_OK(kvt_selector_create(&sel, &g, &sopt));
+    TU_OK(kvt_selector_create(&g, &sopt, &sel));
     kvt_profiler_opts po;
     kvt_profiler_opts_init(&po);
     po.window_steps = 4;
     kvt_profiler *auto_p, *hand_p;
-    TU_OK(kvt_profiler_create(&auto_p, &g, &po));
-    TU_OK(kvt_profiler_create(&hand_p, &g, &po));
+    TU_OK(kvt_profiler_create(&g, &po, &auto_p));
+    TU_OK(kvt_profiler_create(&g, &po, &hand_p));
     kvt_step_opts so;
     kvt_step_opts_init(&so);
     so.selector = sel;
@@ -925,7 +925,7 @@ static void test_step_profiler(void **state)
         for (uint32_t l = 0; l < SL; l++) {
             for (size_t e = 0; e < sizeof kv / sizeof kv[0]; e++)
                 kv[e] = tu_unit(&r);
-            TU_OK(kvt_append(st, l, kv, kv, KVT_DTYPE_F32, 0));
+            TU_OK(kvt_step_append(st, l, kv, kv, KVT_DTYPE_F32, 0));
             /* Queries that move slowly for head 0, randomly for the rest. */
             for (size_t e = 0; e < sizeof q / sizeof q[0]; e++)
                 q[e] = ((e / (SG * SD)) % SH == 0) ? 1.0f + 0.01f * tu_unit(&r) : tu_unit(&r);
@@ -935,9 +935,9 @@ static void test_step_profiler(void **state)
             for (uint32_t i = 0; i < N; i++)
                 for (uint32_t h = 0; h < SH; h++) {
                     uint32_t n, re, T, nk;
-                    TU_OK(kvt_step_selection(st, l, i, h, pages, 256, &n, &re));
+                    TU_OK(kvt_step_selection_get(st, l, i, h, pages, 256, &n, &re));
                     assert_int_equal(re, 1);
-                    TU_OK(kvt_seq_length(pool, ids[i], l, &T));
+                    TU_OK(kvt_seq_length_get(pool, ids[i], l, &T));
                     const uint32_t nc = topk_part(pages, n, T, 1, 1, part, &nk);
                     TU_OK(kvt_profiler_record(hand_p, ids[i], l, h, part, nk, nc));
                 }
@@ -955,8 +955,8 @@ static void test_step_profiler(void **state)
     for (uint32_t l = 0; l < SL; l++)
         for (uint32_t h = 0; h < SH; h++) {
             kvt_profiler_head_stats a = {.struct_size = sizeof a}, b = {.struct_size = sizeof b};
-            TU_OK(kvt_profiler_head(auto_p, l, h, &a));
-            TU_OK(kvt_profiler_head(hand_p, l, h, &b));
+            TU_OK(kvt_profiler_head_get(auto_p, l, h, &a));
+            TU_OK(kvt_profiler_head_get(hand_p, l, h, &b));
             assert_int_equal(a.records, (uint64_t)N * STEPS);
             assert_memory_equal(&a, &b, sizeof a);
         }
@@ -974,16 +974,16 @@ static void test_step_bad(void **state)
     kvt_seq_id ids[2];
     kvt_pool *pool = step_pool(ids, 2, &r);
     kvt_geometry g;
-    TU_OK(kvt_pool_geometry(pool, &g));
+    TU_OK(kvt_pool_geometry_get(pool, &g));
     kvt_selector *sel;
-    TU_OK(kvt_selector_create(&sel, &g, NULL));
+    TU_OK(kvt_selector_create(&g, NULL, &sel));
     kvt_step_opts so = KVT_STEP_OPTS_INIT;
     so.selector = sel;
     kvt_step *st = NULL;
     kvt_geometry og = g;
     og.dtype = KVT_DTYPE_BF16;
     kvt_policy *opol;
-    TU_OK(kvt_policy_create(&opol, &og, NULL));
+    TU_OK(kvt_policy_create(&og, NULL, &opol));
     so.policy = opol;
     TU_EXPECT_ERR(kvt_step_plan(pool, ids, 2, &so, &st), KVT_EINVAL, "opts->policy");
     assert_null(st);
@@ -991,19 +991,21 @@ static void test_step_bad(void **state)
     og = g;
     og.n_layers = 3;
     kvt_profiler *oprof;
-    TU_OK(kvt_profiler_create(&oprof, &og, NULL));
+    TU_OK(kvt_profiler_create(&og, NULL, &oprof));
     so.profiler = oprof;
     TU_EXPECT_ERR(kvt_step_plan(pool, ids, 2, &so, &st), KVT_EINVAL, "n_layers");
     TU_EXPECT_ERR(kvt_step_plan(pool, ids, 2, &so, &st), KVT_EINVAL, "opts->profiler");
     so.profiler = NULL;
-    /* The first version of the options (no policy, no profiler) is accepted. */
+    /* One layout (0.1): a struct_size below it is refused, the step stays
+     * unplanned. */
     so.struct_size = 24;
-    so.policy = opol; /* past its size: never read */
-    TU_OK(kvt_step_plan(pool, ids, 2, &so, &st));
-    TU_OK(kvt_step_finish(st));
+    st = NULL;
+    TU_EXPECT_ERR(kvt_step_plan(pool, ids, 2, &so, &st), KVT_EINVAL, "struct_size");
+    assert_null(st);
+    so.struct_size = sizeof so;
     /* A policy needs a selector to score with, unless the step is dense. */
     kvt_policy *pol;
-    TU_OK(kvt_policy_create(&pol, &g, NULL));
+    TU_OK(kvt_policy_create(&g, NULL, &pol));
     kvt_step_opts so2 = KVT_STEP_OPTS_INIT;
     so2.policy = pol;
     TU_EXPECT_ERR(kvt_step_plan(pool, ids, 2, &so2, &st), KVT_EINVAL, "opts->selector");
@@ -1015,7 +1017,7 @@ static void test_step_bad(void **state)
     kvt_profiler_opts_init(&po);
     po.max_streams = 1;
     kvt_profiler *small;
-    TU_OK(kvt_profiler_create(&small, &g, &po));
+    TU_OK(kvt_profiler_create(&g, &po, &small));
     kvt_step_opts so3 = KVT_STEP_OPTS_INIT;
     so3.selector = sel;
     so3.profiler = small;

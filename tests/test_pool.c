@@ -8,9 +8,9 @@ static void test_capacity_and_stats(void **state)
     kvt_pool_opts o = tu_opts(2, 4, 8, 64, 16, KVT_DTYPE_F16, 33, 17);
     o.device_bytes += 100; /* partial blocks are rounded down */
     kvt_pool *p;
-    TU_OK(kvt_pool_create(&p, &o));
+    TU_OK(kvt_pool_create(&o, &p));
     kvt_stats s = {.struct_size = sizeof s};
-    TU_OK(kvt_pool_stats(p, &s));
+    TU_OK(kvt_pool_stats_get(p, &s));
     uint64_t bb = 2ull * 16 * 64 * 2;
     assert_int_equal(s.block_bytes, bb);
     assert_int_equal(s.tier[KVT_TIER_DEVICE].blocks_total, 32);
@@ -29,7 +29,7 @@ static void test_capacity_and_stats(void **state)
     uint16_t kv[33 * 4 * 64] = {0};
     TU_OK(kvt_seq_append(p, q, 0, kv, kv, 33, KVT_DTYPE_F16, 0)); /* 3 pages x 4 heads */
     TU_OK(kvt_seq_append(p, q, 1, kv, kv, 5, KVT_DTYPE_F16, 0));  /* 1 page x 4 heads */
-    TU_OK(kvt_pool_stats(p, &s));
+    TU_OK(kvt_pool_stats_get(p, &s));
     assert_int_equal(s.tier[KVT_TIER_DEVICE].blocks_used, 16);
     assert_int_equal(s.tier[KVT_TIER_DEVICE].blocks_free, 16);
     assert_int_equal(s.tier[KVT_TIER_DEVICE].bytes_used, 16 * bb);
@@ -39,7 +39,7 @@ static void test_capacity_and_stats(void **state)
     assert_int_equal(s.n_tokens, 5);
     TU_CHECK(p);
     TU_OK(kvt_seq_release(p, q));
-    TU_OK(kvt_pool_stats(p, &s));
+    TU_OK(kvt_pool_stats_get(p, &s));
     assert_int_equal(s.tier[KVT_TIER_DEVICE].blocks_used, 0);
     assert_int_equal(s.meta_pages_used, 0);
     assert_int_equal(s.n_seqs, 0);
@@ -56,7 +56,7 @@ static void test_full_device_tier(void **state)
     kvt_pool_opts o = tu_opts(1, H, H, D, P, KVT_DTYPE_F32, BLOCKS, 0);
     kvt_pool *p;
     kvt_seq_id a, b;
-    TU_OK(kvt_pool_create(&p, &o));
+    TU_OK(kvt_pool_create(&o, &p));
     TU_OK(kvt_seq_create(p, NULL, &a));
     TU_OK(kvt_seq_create(p, NULL, &b));
     float k[32 * H * D], v[32 * H * D];
@@ -69,7 +69,7 @@ static void test_full_device_tier(void **state)
     uint32_t dev[4];
     uint8_t used[BLOCKS] = {0};
     for (uint32_t h = 0; h < H; h++) {
-        TU_OK(kvt_seq_block_table(p, a, 0, h, 0, 4, dev, NULL, NULL));
+        TU_OK(kvt_seq_block_table_get(p, a, 0, h, 0, 4, dev, NULL, NULL));
         for (int i = 0; i < 4; i++) {
             assert_true(dev[i] >= 1 && dev[i] < BLOCKS);
             assert_false(used[dev[i]]);
@@ -84,9 +84,9 @@ static void test_full_device_tier(void **state)
                   "device tier");
     TU_CHECK(p);
     uint32_t n;
-    TU_OK(kvt_seq_length(p, a, 0, &n));
+    TU_OK(kvt_seq_length_get(p, a, 0, &n));
     assert_int_equal(n, 32);
-    TU_OK(kvt_seq_length(p, b, 0, &n));
+    TU_OK(kvt_seq_length_get(p, b, 0, &n));
     assert_int_equal(n, 0);
     float back[32 * D];
     for (uint32_t h = 0; h < H; h++) {
@@ -95,7 +95,7 @@ static void test_full_device_tier(void **state)
             assert_memory_equal(back + t * D, v + (t * H + h) * D, D * sizeof(float));
     }
     kvt_stats s = {.struct_size = sizeof s};
-    TU_OK(kvt_pool_stats(p, &s));
+    TU_OK(kvt_pool_stats_get(p, &s));
     assert_int_equal(s.tier[KVT_TIER_DEVICE].blocks_free, 0);
     /* Release frees space for the other sequence. */
     TU_OK(kvt_seq_release(p, a));
@@ -115,9 +115,9 @@ static void test_numa_and_hugepages(void **state)
         o.host_numa_node = 0;
         o.flags = i == 2 ? KVT_POOL_HUGEPAGES : 0;
         kvt_pool *p;
-        TU_OK(kvt_pool_create(&p, &o));
+        TU_OK(kvt_pool_create(&o, &p));
         kvt_stats s = {.struct_size = sizeof s};
-        TU_OK(kvt_pool_stats(p, &s));
+        TU_OK(kvt_pool_stats_get(p, &s));
         assert_int_equal(s.tier[KVT_TIER_HOST].blocks_total, 1023);
         TU_CHECK(p);
         kvt_pool_destroy(p);
@@ -131,7 +131,7 @@ static void test_seq_slots_and_ids(void **state)
     o.max_seqs = 4;
     kvt_pool *p;
     kvt_seq_id s[5];
-    TU_OK(kvt_pool_create(&p, &o));
+    TU_OK(kvt_pool_create(&o, &p));
     for (int i = 0; i < 4; i++) {
         TU_OK(kvt_seq_create(p, NULL, &s[i]));
         assert_int_not_equal(s[i], KVT_SEQ_NONE);
@@ -158,15 +158,15 @@ static void test_ids_are_per_pool(void **state)
     kvt_pool_opts o = tu_opts(1, 1, 1, 8, 8, KVT_DTYPE_F16, 16, 0);
     kvt_pool *a, *b;
     kvt_seq_id sa, sb;
-    TU_OK(kvt_pool_create(&a, &o));
-    TU_OK(kvt_pool_create(&b, &o));
+    TU_OK(kvt_pool_create(&o, &a));
+    TU_OK(kvt_pool_create(&o, &b));
     TU_OK(kvt_seq_create(a, NULL, &sa));
     TU_OK(kvt_seq_create(b, NULL, &sb));
     assert_int_not_equal(sa, sb);
     uint32_t n;
     TU_EXPECT_ERR(kvt_seq_release(b, sa), KVT_ENOENT, "seq");
-    TU_EXPECT_ERR(kvt_seq_length(a, sb, 0, &n), KVT_ENOENT, "seq");
-    TU_OK(kvt_seq_length(b, sb, 0, &n)); /* b's own sequence is still there */
+    TU_EXPECT_ERR(kvt_seq_length_get(a, sb, 0, &n), KVT_ENOENT, "seq");
+    TU_OK(kvt_seq_length_get(b, sb, 0, &n)); /* b's own sequence is still there */
     TU_OK(kvt_seq_release(b, sb));
     TU_OK(kvt_seq_release(a, sa));
     TU_CHECK(a);
@@ -181,7 +181,7 @@ static void test_released_sequence(void **state)
     kvt_pool_opts o = tu_opts(1, 2, 2, 8, 8, KVT_DTYPE_F16, 16, 0);
     kvt_pool *p;
     kvt_seq_id s;
-    TU_OK(kvt_pool_create(&p, &o));
+    TU_OK(kvt_pool_create(&o, &p));
     TU_OK(kvt_seq_create(p, NULL, &s));
     uint16_t kv[2 * 8] = {0};
     TU_OK(kvt_seq_append(p, s, 0, kv, kv, 1, KVT_DTYPE_F16, 0));
@@ -191,11 +191,11 @@ static void test_released_sequence(void **state)
     kvt_seq_info in = {.struct_size = sizeof in};
     TU_EXPECT_ERR(kvt_seq_append(p, s, 0, kv, kv, 1, KVT_DTYPE_F16, 0), KVT_ENOENT, "seq");
     TU_EXPECT_ERR(kvt_seq_release(p, s), KVT_ENOENT, "seq");
-    TU_EXPECT_ERR(kvt_seq_length(p, s, 0, &n), KVT_ENOENT, "seq");
+    TU_EXPECT_ERR(kvt_seq_length_get(p, s, 0, &n), KVT_ENOENT, "seq");
     TU_EXPECT_ERR(kvt_seq_info_get(p, s, &in), KVT_ENOENT, "seq");
-    TU_EXPECT_ERR(kvt_seq_block_table(p, s, 0, 0, 0, 1, &blk, NULL, NULL), KVT_ENOENT, "seq");
+    TU_EXPECT_ERR(kvt_seq_block_table_get(p, s, 0, 0, 0, 1, &blk, NULL, NULL), KVT_ENOENT, "seq");
     TU_EXPECT_ERR(kvt_seq_read_kv(p, s, 0, 0, 0, 1, kv, NULL), KVT_ENOENT, "seq");
-    TU_EXPECT_ERR(kvt_seq_page_meta(p, s, 0, 0, 0, m, NULL, NULL), KVT_ENOENT, "seq");
+    TU_EXPECT_ERR(kvt_seq_page_meta_get(p, s, 0, 0, 0, m, NULL, NULL), KVT_ENOENT, "seq");
     TU_CHECK(p);
     kvt_pool_destroy(p);
 }
@@ -206,7 +206,7 @@ static void test_null_arguments(void **state)
     kvt_pool_opts o = tu_opts(1, 1, 1, 8, 8, KVT_DTYPE_F16, 16, 0);
     kvt_pool *p;
     kvt_seq_id s;
-    TU_OK(kvt_pool_create(&p, &o));
+    TU_OK(kvt_pool_create(&o, &p));
     TU_OK(kvt_seq_create(p, NULL, &s));
     kvt_stats st = {.struct_size = sizeof st};
     kvt_seq_info in = {.struct_size = sizeof in};
@@ -214,19 +214,19 @@ static void test_null_arguments(void **state)
     uint32_t n;
     float m[8];
     uint16_t kv[8];
-    TU_EXPECT_ERR(kvt_pool_geometry(NULL, &g), KVT_EINVAL, "pool");
-    TU_EXPECT_ERR(kvt_pool_geometry(p, NULL), KVT_EINVAL, "out");
-    TU_EXPECT_ERR(kvt_pool_stats(NULL, &st), KVT_EINVAL, "pool");
-    TU_EXPECT_ERR(kvt_pool_stats(p, NULL), KVT_EINVAL, "stats");
+    TU_EXPECT_ERR(kvt_pool_geometry_get(NULL, &g), KVT_EINVAL, "pool");
+    TU_EXPECT_ERR(kvt_pool_geometry_get(p, NULL), KVT_EINVAL, "out");
+    TU_EXPECT_ERR(kvt_pool_stats_get(NULL, &st), KVT_EINVAL, "pool");
+    TU_EXPECT_ERR(kvt_pool_stats_get(p, NULL), KVT_EINVAL, "stats");
     TU_EXPECT_ERR(kvt_pool_check(NULL), KVT_EINVAL, "pool");
     TU_EXPECT_ERR(kvt_seq_create(NULL, NULL, &s), KVT_EINVAL, "pool");
     TU_EXPECT_ERR(kvt_seq_create(p, NULL, NULL), KVT_EINVAL, "out");
     TU_EXPECT_ERR(kvt_seq_release(NULL, s), KVT_EINVAL, "pool");
     TU_EXPECT_ERR(kvt_seq_info_get(NULL, s, &in), KVT_EINVAL, "pool");
     TU_EXPECT_ERR(kvt_seq_info_get(p, s, NULL), KVT_EINVAL, "info");
-    TU_EXPECT_ERR(kvt_seq_length(NULL, s, 0, &n), KVT_EINVAL, "pool");
+    TU_EXPECT_ERR(kvt_seq_length_get(NULL, s, 0, &n), KVT_EINVAL, "pool");
     TU_EXPECT_ERR(kvt_seq_read_kv(NULL, s, 0, 0, 0, 1, kv, NULL), KVT_EINVAL, "pool");
-    TU_EXPECT_ERR(kvt_seq_page_meta(NULL, s, 0, 0, 0, m, NULL, NULL), KVT_EINVAL, "pool");
+    TU_EXPECT_ERR(kvt_seq_page_meta_get(NULL, s, 0, 0, 0, m, NULL, NULL), KVT_EINVAL, "pool");
     TU_CHECK(p);
     kvt_pool_destroy(p);
 }

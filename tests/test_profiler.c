@@ -25,7 +25,7 @@ static kvt_profiler *make_prof(uint32_t L, uint32_t H, uint32_t W, double unstab
     o.bottom_fraction = bottom;
     kvt_geometry g = geom(L, H);
     kvt_profiler *p;
-    TU_OK(kvt_profiler_create(&p, &g, &o));
+    TU_OK(kvt_profiler_create(&g, &o, &p));
     return p;
 }
 
@@ -34,7 +34,7 @@ static kvt_profiler_head_stats head_stats(const kvt_profiler *p, uint32_t l, uin
     kvt_profiler_head_stats s;
     memset(&s, 0, sizeof s);
     s.struct_size = sizeof s;
-    TU_OK(kvt_profiler_head(p, l, h, &s));
+    TU_OK(kvt_profiler_head_get(p, l, h, &s));
     return s;
 }
 
@@ -204,11 +204,11 @@ static void classify_case(uint32_t L, uint32_t H, uint32_t n_random, double unst
     TU_OK(kvt_policy_opts_init(&base));
     TU_OK(kvt_profiler_build_policy(p, &base, 0, &pol));
     uint32_t n_unstable = 0;
-    TU_OK(kvt_policy_count(pol, KVT_HEAD_UNSTABLE, &n_unstable));
+    TU_OK(kvt_policy_count_get(pol, KVT_HEAD_UNSTABLE, &n_unstable));
     assert_int_equal(n_unstable, n_random);
     for (uint32_t i = 0; i < nh; i++) {
         kvt_policy_head_info info = {.struct_size = sizeof info};
-        TU_OK(kvt_policy_head(pol, i / H, i % H, &info));
+        TU_OK(kvt_policy_head_get(pol, i / H, i % H, &info));
         if (info.head_class != (rnd[i] ? KVT_HEAD_UNSTABLE : KVT_HEAD_STABLE))
             fail_msg("head %u (layer %u, kv_head %u) designed %s, classified %s", i, i / H,
                      i % H, rnd[i] ? "random" : "stable",
@@ -391,7 +391,7 @@ static void test_windows_vs_brute(void **state)
         double v = 0;
         for (uint32_t h = 0; h < H; h++) {
             kvt_policy_head_info info = {.struct_size = sizeof info};
-            TU_OK(kvt_policy_head(pol, 0, h, &info));
+            TU_OK(kvt_policy_head_get(pol, 0, h, &info));
             assert_int_equal(info.head_class, KVT_HEAD_STABLE);
             assert_true(info.window >= 1 && info.window <= 4);
             cost += (uint64_t)info.window * K;
@@ -409,7 +409,7 @@ static void test_windows_vs_brute(void **state)
     const uint32_t want[H] = {1, 2, 3, 1};
     for (uint32_t h = 0; h < H; h++) {
         kvt_policy_head_info info = {.struct_size = sizeof info};
-        TU_OK(kvt_policy_head(pol, 0, h, &info));
+        TU_OK(kvt_policy_head_get(pol, 0, h, &info));
         assert_int_equal(info.window, want[h]);
     }
     kvt_policy_destroy(pol);
@@ -428,17 +428,17 @@ static void test_bad_input(void **state)
     kvt_profiler *p = (kvt_profiler *)&g;
     kvt_profiler_opts o;
     TU_EXPECT_ERR(kvt_profiler_opts_init(NULL), KVT_EINVAL, "opts");
-    TU_EXPECT_ERR(kvt_profiler_create(NULL, &g, NULL), KVT_EINVAL, "out");
-    TU_EXPECT_ERR(kvt_profiler_create(&p, NULL, NULL), KVT_EINVAL, "geom");
+    TU_EXPECT_ERR(kvt_profiler_create(&g, NULL, NULL), KVT_EINVAL, "out");
+    TU_EXPECT_ERR(kvt_profiler_create(NULL, NULL, &p), KVT_EINVAL, "geom");
     assert_null(p);
     kvt_geometry bad = g;
     bad.head_dim = 7;
-    TU_EXPECT_ERR(kvt_profiler_create(&p, &bad, NULL), KVT_EINVAL, "head_dim");
+    TU_EXPECT_ERR(kvt_profiler_create(&bad, NULL, &p), KVT_EINVAL, "head_dim");
 #define BAD_OPT(field, val, needle)                                                        \
     do {                                                                                   \
         kvt_profiler_opts_init(&o);                                                        \
         o.field = val;                                                                     \
-        TU_EXPECT_ERR(kvt_profiler_create(&p, &g, &o), KVT_EINVAL, needle);                \
+        TU_EXPECT_ERR(kvt_profiler_create(&g, &o, &p), KVT_EINVAL, needle);                \
         assert_null(p);                                                                    \
     } while (0)
     BAD_OPT(window_steps, 1, "window_steps");
@@ -461,15 +461,15 @@ static void test_bad_input(void **state)
     memset(&big, 0, sizeof big);
     kvt_profiler_opts_init(&big.o);
     big.o.struct_size = sizeof big;
-    TU_OK(kvt_profiler_create(&p, &g, &big.o));
+    TU_OK(kvt_profiler_create(&g, &big.o, &p));
     kvt_profiler_destroy(p);
     big.extra = 1;
-    TU_EXPECT_ERR(kvt_profiler_create(&p, &g, &big.o), KVT_EINVAL, "struct_size");
+    TU_EXPECT_ERR(kvt_profiler_create(&g, &big.o, &p), KVT_EINVAL, "struct_size");
     kvt_profiler_destroy(NULL);
 
     kvt_profiler_opts_init(&o);
     o.max_streams = 2;
-    TU_OK(kvt_profiler_create(&p, &g, &o));
+    TU_OK(kvt_profiler_create(&g, &o, &p));
     const uint32_t pg[] = {3, 5, 9}, dup[] = {3, 3}, down[] = {5, 3};
     TU_EXPECT_ERR(kvt_profiler_record(NULL, 1, 0, 0, pg, 3, 10), KVT_EINVAL, "prof");
     TU_EXPECT_ERR(kvt_profiler_record(p, 1, 2, 0, pg, 3, 10), KVT_EINVAL, "layer");
@@ -484,12 +484,12 @@ static void test_bad_input(void **state)
     kvt_profiler_head_stats st;
     memset(&st, 0, sizeof st);
     st.struct_size = sizeof st;
-    TU_EXPECT_ERR(kvt_profiler_head(NULL, 0, 0, &st), KVT_EINVAL, "prof");
-    TU_EXPECT_ERR(kvt_profiler_head(p, 2, 0, &st), KVT_EINVAL, "layer");
-    TU_EXPECT_ERR(kvt_profiler_head(p, 0, 2, &st), KVT_EINVAL, "kv_head");
-    TU_EXPECT_ERR(kvt_profiler_head(p, 0, 0, NULL), KVT_EINVAL, "stats");
+    TU_EXPECT_ERR(kvt_profiler_head_get(NULL, 0, 0, &st), KVT_EINVAL, "prof");
+    TU_EXPECT_ERR(kvt_profiler_head_get(p, 2, 0, &st), KVT_EINVAL, "layer");
+    TU_EXPECT_ERR(kvt_profiler_head_get(p, 0, 2, &st), KVT_EINVAL, "kv_head");
+    TU_EXPECT_ERR(kvt_profiler_head_get(p, 0, 0, NULL), KVT_EINVAL, "stats");
     st.struct_size = 4;
-    TU_EXPECT_ERR(kvt_profiler_head(p, 0, 0, &st), KVT_EINVAL, "struct_size");
+    TU_EXPECT_ERR(kvt_profiler_head_get(p, 0, 0, &st), KVT_EINVAL, "struct_size");
     /* A larger output struct (newer headers): the tail is zeroed. */
     union {
         kvt_profiler_head_stats s;
@@ -497,7 +497,7 @@ static void test_bad_input(void **state)
     } raw;
     memset(&raw, 0xab, sizeof raw);
     raw.s.struct_size = (uint32_t)sizeof raw;
-    TU_OK(kvt_profiler_head(p, 0, 0, &raw.s));
+    TU_OK(kvt_profiler_head_get(p, 0, 0, &raw.s));
     for (size_t i = sizeof(kvt_profiler_head_stats); i < sizeof raw; i++)
         assert_int_equal(raw.b[i], 0);
     assert_int_equal(raw.s.records, 2); /* streams 1 and 2 */
@@ -529,13 +529,13 @@ static void test_build_defaults(void **state)
     TU_OK(kvt_profiler_build_policy(p, NULL, 0, &pol));
     for (uint32_t h = 0; h < 4; h++) {
         kvt_policy_head_info info = {.struct_size = sizeof info};
-        TU_OK(kvt_policy_head(pol, 0, h, &info));
+        TU_OK(kvt_policy_head_get(pol, 0, h, &info));
         assert_int_equal(info.head_class, h == 2 ? KVT_HEAD_UNSTABLE : KVT_HEAD_STABLE);
         assert_int_equal(info.top_k_pages, 64);
         assert_int_equal(info.rerank_interval, h == 2 ? 1u : 16u);
     }
     kvt_geometry a, b = geom(1, 4);
-    TU_OK(kvt_policy_geometry(pol, &a));
+    TU_OK(kvt_policy_geometry_get(pol, &a));
     assert_memory_equal(&a, &b, sizeof a);
     kvt_policy_destroy(pol);
     kvt_profiler_destroy(p);

@@ -43,7 +43,7 @@ static void verify_seq(kvt_pool *p, shadow_seq *s, tu_rng *r)
     static uint16_t k[MAXTOK * D], v[MAXTOK * D];
     for (uint32_t l = 0; l < L; l++) {
         uint32_t n;
-        TU_OK(kvt_seq_length(p, s->id, l, &n));
+        TU_OK(kvt_seq_length_get(p, s->id, l, &n));
         assert_int_equal(n, s->n[l]);
         for (uint32_t h = 0; h < H; h++) {
             if (n) {
@@ -57,7 +57,7 @@ static void verify_seq(kvt_pool *p, shadow_seq *s, tu_rng *r)
             if (n) {
                 uint32_t pg = tu_below(r, pages(n)), t1 = (pg + 1) * P < n ? (pg + 1) * P : n;
                 float mn[D], mx[D];
-                TU_OK(kvt_seq_page_meta(p, s->id, l, h, pg, mn, mx, NULL));
+                TU_OK(kvt_seq_page_meta_get(p, s->id, l, h, pg, mn, mx, NULL));
                 for (uint32_t d = 0; d < D; d++) {
                     double lo = INFINITY, hi = -INFINITY;
                     for (uint32_t t = pg * P; t < t1; t++) {
@@ -79,7 +79,7 @@ static void test_random_workload(void **state)
     kvt_pool_opts o = tu_opts(L, H, H, D, P, KVT_DTYPE_F16, USABLE + 1, 0);
     o.max_seqs = SEQS;
     kvt_pool *p;
-    TU_OK(kvt_pool_create(&p, &o));
+    TU_OK(kvt_pool_create(&o, &p));
     tu_rng r = {0xC0FFEEull};
     static uint16_t kbuf[40 * H * D], vbuf[40 * H * D];
     unsigned counts[8] = {0};
@@ -152,7 +152,7 @@ static void test_random_workload(void **state)
         }
         TU_CHECK(p);
         kvt_stats st = {.struct_size = sizeof st};
-        TU_OK(kvt_pool_stats(p, &st));
+        TU_OK(kvt_pool_stats_get(p, &st));
         assert_int_equal(st.tier[KVT_TIER_DEVICE].blocks_used, model_used());
         assert_int_equal(st.meta_pages_used, model_used());
     }

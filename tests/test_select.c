@@ -1,7 +1,7 @@
-/* Page selection (kvt_select) and the selector's budgets.
+/* Page selection (kvt_selector_select) and the selector's budgets.
  *
  * Scores are checked against a double-precision reference computed from the
- * page metadata (kvt_seq_page_meta); the selection is checked against a
+ * page metadata (kvt_seq_page_meta_get); the selection is checked against a
  * brute-force rule (forced pages + a full sort of the rest) applied to the
  * library's own scores, so that f32-vs-double near ties cannot flip the
  * answer. Planted needles, exact ties, NaN boxes, the budget setters and
@@ -44,7 +44,7 @@ static void ref_scores(const kvt_pool *p, kvt_seq_id seq, uint32_t layer, uint32
     double *raw = malloc((size_t)G * n_pages * sizeof *raw);
     double *rmag = malloc((size_t)G * n_pages * sizeof *rmag);
     for (uint32_t pg = 0; pg < n_pages; pg++) {
-        TU_OK(kvt_seq_page_meta(p, seq, layer, kvh, pg, mn, mx, me));
+        TU_OK(kvt_seq_page_meta_get(p, seq, layer, kvh, pg, mn, mx, me));
         for (uint32_t j = 0; j < G; j++) {
             const float *qj = q + (size_t)j * D;
             double s = 0, m = 0;
@@ -188,7 +188,7 @@ static void test_random_shapes(void **state)
         o.n_threads = 1;
         kvt_pool *p;
         kvt_seq_id seq;
-        TU_OK(kvt_pool_create(&p, &o));
+        TU_OK(kvt_pool_create(&o, &p));
         TU_OK(kvt_seq_create(p, NULL, &seq));
         for (uint32_t l = 0; l < L; l++)
             fill_random(p, seq, l, T[l], H, D, &r, 2.0);
@@ -210,7 +210,7 @@ static void test_random_shapes(void **state)
                 so.vote = vt;
                 so.vote_scale = tu_below(&r, 2) ? 0.0f : (float)(0.05 + 0.5 * (tu_unit(&r) + 1));
                 kvt_selector *sel;
-                TU_OK(kvt_selector_create(&sel, &g, &so));
+                TU_OK(kvt_selector_create(&g, &so, &sel));
                 const double vscale = so.vote_scale != 0.0f ? (double)so.vote_scale
                                                             : 1.0 / sqrt((double)D);
                 /* A different budget per (layer, head). */
@@ -221,12 +221,12 @@ static void test_random_shapes(void **state)
                         K[l][h] = tu_below(&r, 8) == 0 ? 0 : 1 + tu_below(&r, np + 3);
                         S[l][h] = tu_below(&r, 4);
                         Lc[l][h] = tu_below(&r, 4);
-                        TU_OK(kvt_selector_set_budget(sel, l, h, K[l][h], S[l][h], Lc[l][h]));
+                        TU_OK(kvt_selector_budget_set(sel, l, h, K[l][h], S[l][h], Lc[l][h]));
                     }
                 for (uint32_t l = 0; l < L; l++)
                     for (uint32_t h = 0; h < H; h++) {
                         uint32_t k, s, lc;
-                        TU_OK(kvt_selector_get_budget(sel, l, h, &k, &s, &lc));
+                        TU_OK(kvt_selector_budget_get(sel, l, h, &k, &s, &lc));
                         assert_int_equal(k, K[l][h]);
                         assert_int_equal(s, S[l][h]);
                         assert_int_equal(lc, Lc[l][h]);
@@ -236,7 +236,7 @@ static void test_random_shapes(void **state)
                         uint32_t n_sel = 12345;
                         for (uint32_t i = 0; i < cap; i++)
                             scores[i] = -1234.5f;
-                        TU_OK(kvt_select(sel, p, seq, l, h, q, pages, cap, &n_sel, scores));
+                        TU_OK(kvt_selector_select(sel, p, seq, l, h, q, pages, cap, &n_sel, scores));
                         if (np == 0) {
                             assert_int_equal(n_sel, 0);
                             continue;
@@ -264,7 +264,7 @@ static void test_random_shapes(void **state)
                         expect_pages(pages, n_sel, want, n_want, what);
                         /* Exactly the count needed is enough capacity; one less is
                          * KVT_ERANGE. Scores are optional. */
-                        TU_OK(kvt_select(sel, p, seq, l, h, q, pages, n_want, &n_sel, NULL));
+                        TU_OK(kvt_selector_select(sel, p, seq, l, h, q, pages, n_want, &n_sel, NULL));
                         expect_pages(pages, n_sel, want, n_want, what);
                         if (n_want > 0) {
                             /* Refused: nothing written (pages, count, scores). */
@@ -273,8 +273,8 @@ static void test_random_shapes(void **state)
                                 scores[i] = -1234.5f;
                             }
                             n_sel = 0xabcdu;
-                            TU_EXPECT_ERR(kvt_select(sel, p, seq, l, h, q, pages, n_want - 1,
-                                                     &n_sel, scores),
+                            TU_EXPECT_ERR(kvt_selector_select(sel, p, seq, l, h, q, pages, n_want - 1,
+                                                              &n_sel, scores),
                                           KVT_ERANGE, "capacity");
                             assert_int_equal(n_sel, 0xabcdu);
                             for (uint32_t i = 0; i < cap; i++)
@@ -327,7 +327,7 @@ static void test_ties(void **state)
         kvt_pool_opts o = tu_opts(1, 1, G, D, P, dt, NP + 2, 0);
         kvt_pool *p;
         kvt_seq_id seq;
-        TU_OK(kvt_pool_create(&p, &o));
+        TU_OK(kvt_pool_create(&o, &p));
         TU_OK(kvt_seq_create(p, NULL, &seq));
         TU_OK(kvt_seq_append(p, seq, 0, k, v, T, KVT_DTYPE_F32, 0));
         kvt_geometry g = geom_of(1, 1, G, D, P, dt);
@@ -337,10 +337,10 @@ static void test_ties(void **state)
                 so.method = m;
                 so.vote = vt;
                 kvt_selector *sel;
-                TU_OK(kvt_selector_create(&sel, &g, &so));
+                TU_OK(kvt_selector_create(&g, &so, &sel));
                 for (uint32_t K = 1; K <= 6; K++)
                     for (uint32_t sink = 0; sink <= 2; sink++) {
-                        TU_OK(kvt_selector_set_budget(sel, 0, 0, K, sink, 1));
+                        TU_OK(kvt_selector_budget_set(sel, 0, 0, K, sink, 1));
                         uint32_t pages[NP], n_sel, want[NP], nw = 0;
                         /* Expected without looking at any score: sink pages, the
                          * first K pattern-A pages after them (all A pages score
@@ -366,7 +366,7 @@ static void test_ties(void **state)
                                     want[nw++] = pg;
                             }
                         }
-                        TU_OK(kvt_select(sel, p, seq, 0, 0, q, pages, NP, &n_sel, NULL));
+                        TU_OK(kvt_selector_select(sel, p, seq, 0, 0, q, pages, NP, &n_sel, NULL));
                         char what[96];
                         snprintf(what, sizeof what, "ties dtype %u %s/%s K %u sink %u", dt,
                                  method_name[m], vote_name[vt], K, sink);
@@ -407,7 +407,7 @@ static void test_nan_scores(void **state)
         kvt_pool_opts o = tu_opts(1, 1, 1, D, P, KVT_DTYPE_F32, NP + 2, 0);
         kvt_pool *p;
         kvt_seq_id seq;
-        TU_OK(kvt_pool_create(&p, &o));
+        TU_OK(kvt_pool_create(&o, &p));
         TU_OK(kvt_seq_create(p, NULL, &seq));
         TU_OK(kvt_seq_append(p, seq, 0, k, v, NP * P, KVT_DTYPE_F32, 0));
         kvt_geometry g = geom_of(1, 1, 1, D, P, KVT_DTYPE_F32);
@@ -418,17 +418,17 @@ static void test_nan_scores(void **state)
             so.local_pages = 0;
             so.top_k_pages = 1;
             kvt_selector *sel;
-            TU_OK(kvt_selector_create(&sel, &g, &so));
+            TU_OK(kvt_selector_create(&g, &so, &sel));
             uint32_t pages[NP], n_sel;
             float sc[NP];
-            TU_OK(kvt_select(sel, p, seq, 0, 0, qq, pages, NP, &n_sel, sc));
+            TU_OK(kvt_selector_select(sel, p, seq, 0, 0, qq, pages, NP, &n_sel, sc));
             /* Both count as +inf (0 * inf is NaN by IEEE, q * inf is inf). */
             assert_true(isnan(sc[4]) || (isinf(sc[4]) && sc[4] > 0));
             assert_true(isnan(sc[7]) || (isinf(sc[7]) && sc[7] > 0));
             assert_int_equal(n_sel, 1);
             assert_int_equal(pages[0], 4);
-            TU_OK(kvt_selector_set_budget(sel, 0, 0, 2, 0, 0));
-            TU_OK(kvt_select(sel, p, seq, 0, 0, qq, pages, NP, &n_sel, NULL));
+            TU_OK(kvt_selector_budget_set(sel, 0, 0, 2, 0, 0));
+            TU_OK(kvt_selector_select(sel, p, seq, 0, 0, qq, pages, NP, &n_sel, NULL));
             assert_int_equal(n_sel, 2);
             assert_int_equal(pages[0], 4);
             assert_int_equal(pages[1], 7);
@@ -441,9 +441,9 @@ static void test_nan_scores(void **state)
         so.local_pages = 0;
         so.top_k_pages = 1;
         kvt_selector *sel;
-        TU_OK(kvt_selector_create(&sel, &g, &so));
+        TU_OK(kvt_selector_create(&g, &so, &sel));
         uint32_t pages[NP], n_sel;
-        TU_OK(kvt_select(sel, p, seq, 0, 0, q, pages, NP, &n_sel, NULL));
+        TU_OK(kvt_selector_select(sel, p, seq, 0, 0, q, pages, NP, &n_sel, NULL));
         assert_int_equal(n_sel, 1);
         assert_int_equal(pages[0], 4);
         kvt_selector_destroy(sel);
@@ -483,7 +483,7 @@ static void test_needle(void **state)
             kvt_pool_opts o = tu_opts(1, 1, G, D, P, KVT_DTYPE_F16, NP + 2, 0);
             kvt_pool *p;
             kvt_seq_id seq;
-            TU_OK(kvt_pool_create(&p, &o));
+            TU_OK(kvt_pool_create(&o, &p));
             TU_OK(kvt_seq_create(p, NULL, &seq));
             TU_OK(kvt_seq_append(p, seq, 0, k, v, T, KVT_DTYPE_F32, 0));
             kvt_geometry g = geom_of(1, 1, G, D, P, KVT_DTYPE_F16);
@@ -491,9 +491,9 @@ static void test_needle(void **state)
                 kvt_selector_opts so = KVT_SELECTOR_OPTS_INIT; /* SUM, K 64, sink 1, local 1 */
                 so.method = m;
                 kvt_selector *sel;
-                TU_OK(kvt_selector_create(&sel, &g, &so));
+                TU_OK(kvt_selector_create(&g, &so, &sel));
                 uint32_t n_sel = 0;
-                TU_OK(kvt_select(sel, p, seq, 0, 0, q, pages, NP, &n_sel, NULL));
+                TU_OK(kvt_selector_select(sel, p, seq, 0, 0, q, pages, NP, &n_sel, NULL));
                 assert_int_equal(n_sel, 64 + 2);
                 int found = 0;
                 for (uint32_t i = 0; i < n_sel; i++)
@@ -516,7 +516,7 @@ static void expect_budget(const kvt_selector *sel, uint32_t l, uint32_t h, uint3
                           uint32_t s, uint32_t lc)
 {
     uint32_t a = 0xdead, b = 0xdead, c = 0xdead;
-    TU_OK(kvt_selector_get_budget(sel, l, h, &a, &b, &c));
+    TU_OK(kvt_selector_budget_get(sel, l, h, &a, &b, &c));
     if (a != k || b != s || c != lc)
         fail_msg("budget of layer %u head %u is (%u, %u, %u), expected (%u, %u, %u)", l, h, a,
                  b, c, k, s, lc);
@@ -528,7 +528,7 @@ static void test_budgets(void **state)
     enum { L = 3, H = 4 };
     kvt_geometry g = geom_of(L, H, 2 * H, 64, 16, KVT_DTYPE_F16);
     kvt_selector *sel;
-    TU_OK(kvt_selector_create(&sel, &g, NULL));
+    TU_OK(kvt_selector_create(&g, NULL, &sel));
     /* Defaults: K 64, sink 1, local 1 everywhere. */
     uint32_t B[L][H][3];
     for (uint32_t l = 0; l < L; l++)
@@ -545,7 +545,7 @@ static void test_budgets(void **state)
     } while (0)
 #define SET(l, h, k, s, lc)                                                               \
     do {                                                                                  \
-        TU_OK(kvt_selector_set_budget(sel, l, h, k, s, lc));                              \
+        TU_OK(kvt_selector_budget_set(sel, l, h, k, s, lc));                              \
         for (uint32_t l_ = 0; l_ < L; l_++)                                               \
             for (uint32_t h_ = 0; h_ < H; h_++)                                           \
                 if (((l) == KVT_ALL || (l) == l_) && ((h) == KVT_ALL || (h) == h_)) {     \
@@ -563,39 +563,39 @@ static void test_budgets(void **state)
     SET(1, 2, 33, 1, 2);
     /* Outputs may be NULL. */
     uint32_t one = 0;
-    TU_OK(kvt_selector_get_budget(sel, 1, 2, NULL, &one, NULL));
+    TU_OK(kvt_selector_budget_get(sel, 1, 2, NULL, &one, NULL));
     assert_int_equal(one, 1);
-    TU_OK(kvt_selector_get_budget(sel, 1, 2, NULL, NULL, NULL));
+    TU_OK(kvt_selector_budget_get(sel, 1, 2, NULL, NULL, NULL));
 
     /* Refused values change nothing, even with KVT_ALL. */
     const uint32_t big = KVT_SELECT_MAX_PAGES + 1;
-    TU_EXPECT_ERR(kvt_selector_set_budget(sel, KVT_ALL, KVT_ALL, big, 1, 1), KVT_ERANGE,
+    TU_EXPECT_ERR(kvt_selector_budget_set(sel, KVT_ALL, KVT_ALL, big, 1, 1), KVT_ERANGE,
                   "top_k_pages");
-    TU_EXPECT_ERR(kvt_selector_set_budget(sel, KVT_ALL, KVT_ALL, 1, big, 1), KVT_ERANGE,
+    TU_EXPECT_ERR(kvt_selector_budget_set(sel, KVT_ALL, KVT_ALL, 1, big, 1), KVT_ERANGE,
                   "sink_pages");
-    TU_EXPECT_ERR(kvt_selector_set_budget(sel, 0, 0, 1, 1, UINT32_MAX), KVT_ERANGE,
+    TU_EXPECT_ERR(kvt_selector_budget_set(sel, 0, 0, 1, 1, UINT32_MAX), KVT_ERANGE,
                   "local_pages");
-    TU_EXPECT_ERR(kvt_selector_set_budget(sel, L, 0, 1, 1, 1), KVT_EINVAL, "layer");
-    TU_EXPECT_ERR(kvt_selector_set_budget(sel, 0, H, 1, 1, 1), KVT_EINVAL, "kv_head");
-    TU_EXPECT_ERR(kvt_selector_set_budget(sel, L, KVT_ALL, 1, 1, 1), KVT_EINVAL, "layer");
-    TU_EXPECT_ERR(kvt_selector_set_budget(NULL, 0, 0, 1, 1, 1), KVT_EINVAL, "sel");
+    TU_EXPECT_ERR(kvt_selector_budget_set(sel, L, 0, 1, 1, 1), KVT_EINVAL, "layer");
+    TU_EXPECT_ERR(kvt_selector_budget_set(sel, 0, H, 1, 1, 1), KVT_EINVAL, "kv_head");
+    TU_EXPECT_ERR(kvt_selector_budget_set(sel, L, KVT_ALL, 1, 1, 1), KVT_EINVAL, "layer");
+    TU_EXPECT_ERR(kvt_selector_budget_set(NULL, 0, 0, 1, 1, 1), KVT_EINVAL, "sel");
     CHECK_ALL();
     uint32_t x;
-    TU_EXPECT_ERR(kvt_selector_get_budget(sel, L, 0, &x, NULL, NULL), KVT_EINVAL, "layer");
-    TU_EXPECT_ERR(kvt_selector_get_budget(sel, 0, H, &x, NULL, NULL), KVT_EINVAL, "kv_head");
-    TU_EXPECT_ERR(kvt_selector_get_budget(NULL, 0, 0, &x, NULL, NULL), KVT_EINVAL, "sel");
+    TU_EXPECT_ERR(kvt_selector_budget_get(sel, L, 0, &x, NULL, NULL), KVT_EINVAL, "layer");
+    TU_EXPECT_ERR(kvt_selector_budget_get(sel, 0, H, &x, NULL, NULL), KVT_EINVAL, "kv_head");
+    TU_EXPECT_ERR(kvt_selector_budget_get(NULL, 0, 0, &x, NULL, NULL), KVT_EINVAL, "sel");
 
     /* Rerank intervals: accepted per head and for KVT_ALL; budgets untouched. */
-    TU_OK(kvt_selector_set_rerank_interval(sel, KVT_ALL, KVT_ALL, 16));
-    TU_OK(kvt_selector_set_rerank_interval(sel, 1, 3, 4));
-    TU_OK(kvt_selector_set_rerank_interval(sel, KVT_ALL, 0, 1));
-    TU_OK(kvt_selector_set_rerank_interval(sel, 2, KVT_ALL, 2));
-    TU_EXPECT_ERR(kvt_selector_set_rerank_interval(sel, L, 0, 4), KVT_EINVAL, "layer");
-    TU_EXPECT_ERR(kvt_selector_set_rerank_interval(sel, 0, H, 4), KVT_EINVAL, "kv_head");
-    TU_EXPECT_ERR(kvt_selector_set_rerank_interval(NULL, 0, 0, 4), KVT_EINVAL, "sel");
+    TU_OK(kvt_selector_rerank_interval_set(sel, KVT_ALL, KVT_ALL, 16));
+    TU_OK(kvt_selector_rerank_interval_set(sel, 1, 3, 4));
+    TU_OK(kvt_selector_rerank_interval_set(sel, KVT_ALL, 0, 1));
+    TU_OK(kvt_selector_rerank_interval_set(sel, 2, KVT_ALL, 2));
+    TU_EXPECT_ERR(kvt_selector_rerank_interval_set(sel, L, 0, 4), KVT_EINVAL, "layer");
+    TU_EXPECT_ERR(kvt_selector_rerank_interval_set(sel, 0, H, 4), KVT_EINVAL, "kv_head");
+    TU_EXPECT_ERR(kvt_selector_rerank_interval_set(NULL, 0, 0, 4), KVT_EINVAL, "sel");
     /* Interval 0 has no meaning ("steps apart"); it must be refused. */
     kvt_clear_error();
-    assert_true(kvt_selector_set_rerank_interval(sel, 0, 0, 0) < 0);
+    assert_true(kvt_selector_rerank_interval_set(sel, 0, 0, 0) < 0);
     assert_non_null(strstr(kvt_last_error(), "interval"));
     CHECK_ALL();
 #undef SET
@@ -608,7 +608,7 @@ static void test_budgets(void **state)
     so.top_k_pages = 9;
     so.sink_pages = 0;
     so.local_pages = 4;
-    TU_OK(kvt_selector_create(&sel, &g, &so));
+    TU_OK(kvt_selector_create(&g, &so, &sel));
     for (uint32_t l = 0; l < L; l++)
         for (uint32_t h = 0; h < H; h++)
             expect_budget(sel, l, h, 9, 0, 4);
@@ -639,7 +639,7 @@ static void test_select_bad(void **state)
     kvt_pool_opts o = tu_opts(L, H, H * G, D, P, KVT_DTYPE_F16, 64, 0);
     kvt_pool *p;
     kvt_seq_id seq, gone;
-    TU_OK(kvt_pool_create(&p, &o));
+    TU_OK(kvt_pool_create(&o, &p));
     TU_OK(kvt_seq_create(p, NULL, &seq));
     TU_OK(kvt_seq_create(p, NULL, &gone));
     tu_rng r = {99};
@@ -649,38 +649,38 @@ static void test_select_bad(void **state)
     }
     TU_OK(kvt_seq_release(p, gone));
     kvt_stats before = {.struct_size = sizeof before}, after = {.struct_size = sizeof after};
-    TU_OK(kvt_pool_stats(p, &before));
+    TU_OK(kvt_pool_stats_get(p, &before));
     uint16_t kv_before[T * D], kv_after[T * D];
     TU_OK(kvt_seq_read_kv(p, seq, 1, 1, 0, T, kv_before, NULL));
 
     kvt_geometry g = geom_of(L, H, H * G, D, P, KVT_DTYPE_F16);
     kvt_selector *sel;
-    TU_OK(kvt_selector_create(&sel, &g, NULL));
+    TU_OK(kvt_selector_create(&g, NULL, &sel));
     float q[G * D];
     for (int i = 0; i < G * D; i++)
         q[i] = tu_unit(&r);
     uint32_t pages[16], n_sel;
     float sc[16];
-    TU_EXPECT_ERR(kvt_select(NULL, p, seq, 0, 0, q, pages, 16, &n_sel, sc), KVT_EINVAL, "sel");
-    TU_EXPECT_ERR(kvt_select(sel, NULL, seq, 0, 0, q, pages, 16, &n_sel, sc), KVT_EINVAL,
+    TU_EXPECT_ERR(kvt_selector_select(NULL, p, seq, 0, 0, q, pages, 16, &n_sel, sc), KVT_EINVAL, "sel");
+    TU_EXPECT_ERR(kvt_selector_select(sel, NULL, seq, 0, 0, q, pages, 16, &n_sel, sc), KVT_EINVAL,
                   "pool");
-    TU_EXPECT_ERR(kvt_select(sel, p, seq, 0, 0, NULL, pages, 16, &n_sel, sc), KVT_EINVAL,
+    TU_EXPECT_ERR(kvt_selector_select(sel, p, seq, 0, 0, NULL, pages, 16, &n_sel, sc), KVT_EINVAL,
                   "queries");
-    TU_EXPECT_ERR(kvt_select(sel, p, seq, 0, 0, q, NULL, 16, &n_sel, sc), KVT_EINVAL, "pages");
-    TU_EXPECT_ERR(kvt_select(sel, p, seq, 0, 0, q, pages, 16, NULL, sc), KVT_EINVAL,
+    TU_EXPECT_ERR(kvt_selector_select(sel, p, seq, 0, 0, q, NULL, 16, &n_sel, sc), KVT_EINVAL, "pages");
+    TU_EXPECT_ERR(kvt_selector_select(sel, p, seq, 0, 0, q, pages, 16, NULL, sc), KVT_EINVAL,
                   "n_selected");
-    TU_EXPECT_ERR(kvt_select(sel, p, seq, L, 0, q, pages, 16, &n_sel, sc), KVT_EINVAL, "layer");
-    TU_EXPECT_ERR(kvt_select(sel, p, seq, 0, H, q, pages, 16, &n_sel, sc), KVT_EINVAL,
+    TU_EXPECT_ERR(kvt_selector_select(sel, p, seq, L, 0, q, pages, 16, &n_sel, sc), KVT_EINVAL, "layer");
+    TU_EXPECT_ERR(kvt_selector_select(sel, p, seq, 0, H, q, pages, 16, &n_sel, sc), KVT_EINVAL,
                   "kv_head");
-    TU_EXPECT_ERR(kvt_select(sel, p, gone, 0, 0, q, pages, 16, &n_sel, sc), KVT_ENOENT, "seq");
-    TU_EXPECT_ERR(kvt_select(sel, p, KVT_SEQ_NONE, 0, 0, q, pages, 16, &n_sel, sc), KVT_ENOENT,
+    TU_EXPECT_ERR(kvt_selector_select(sel, p, gone, 0, 0, q, pages, 16, &n_sel, sc), KVT_ENOENT, "seq");
+    TU_EXPECT_ERR(kvt_selector_select(sel, p, KVT_SEQ_NONE, 0, 0, q, pages, 16, &n_sel, sc), KVT_ENOENT,
                   "seq");
     /* 7 pages, default budget: all 7 selected; capacity 6 is too small and
      * the message says how many are needed. */
-    TU_EXPECT_ERR(kvt_select(sel, p, seq, 0, 0, q, pages, 6, &n_sel, sc), KVT_ERANGE,
+    TU_EXPECT_ERR(kvt_selector_select(sel, p, seq, 0, 0, q, pages, 6, &n_sel, sc), KVT_ERANGE,
                   "capacity");
     assert_non_null(strstr(kvt_last_error(), "7"));
-    TU_OK(kvt_select(sel, p, seq, 0, 0, q, pages, 7, &n_sel, sc));
+    TU_OK(kvt_selector_select(sel, p, seq, 0, 0, q, pages, 7, &n_sel, sc));
     assert_int_equal(n_sel, 7);
 
     /* A selector of another geometry: every field that must match. */
@@ -696,8 +696,8 @@ static void test_select_bad(void **state)
     };
     for (size_t i = 0; i < sizeof mm / sizeof mm[0]; i++) {
         kvt_selector *other;
-        TU_OK(kvt_selector_create(&other, &mm[i].g, NULL));
-        TU_EXPECT_ERR(kvt_select(other, p, seq, 0, 0, q, pages, 16, &n_sel, sc), KVT_EINVAL,
+        TU_OK(kvt_selector_create(&mm[i].g, NULL, &other));
+        TU_EXPECT_ERR(kvt_selector_select(other, p, seq, 0, 0, q, pages, 16, &n_sel, sc), KVT_EINVAL,
                       mm[i].field);
         kvt_selector_destroy(other);
     }
@@ -706,24 +706,24 @@ static void test_select_bad(void **state)
     {
         kvt_geometry g2 = geom_of(L, H, H * G, D, P, KVT_DTYPE_F32);
         kvt_selector *other;
-        TU_OK(kvt_selector_create(&other, &g2, NULL));
-        TU_OK(kvt_select(other, p, seq, 0, 0, q, pages, 16, &n_sel, sc));
+        TU_OK(kvt_selector_create(&g2, NULL, &other));
+        TU_OK(kvt_selector_select(other, p, seq, 0, 0, q, pages, 16, &n_sel, sc));
         kvt_selector_destroy(other);
         kvt_pool_opts o2 = tu_opts(1, 2, 0, 64, 0, KVT_DTYPE_DEFAULT, 16, 0);
         o2.device_bytes = 16ull * 2 * 16 * 64 * 2;
         kvt_pool *p2;
         kvt_seq_id s2;
-        TU_OK(kvt_pool_create(&p2, &o2));
+        TU_OK(kvt_pool_create(&o2, &p2));
         TU_OK(kvt_seq_create(p2, NULL, &s2));
         fill_random(p2, s2, 0, 40, 2, 64, &r, 1.0);
         kvt_geometry g3 = geom_of(1, 2, 2, 64, 16, KVT_DTYPE_F16);
-        TU_OK(kvt_selector_create(&other, &g3, NULL));
-        TU_OK(kvt_select(other, p2, s2, 0, 1, q, pages, 16, &n_sel, sc));
+        TU_OK(kvt_selector_create(&g3, NULL, &other));
+        TU_OK(kvt_selector_select(other, p2, s2, 0, 1, q, pages, 16, &n_sel, sc));
         assert_int_equal(n_sel, 3);
         kvt_selector_destroy(other);
         kvt_geometry g4 = geom_of(1, 2, 0, 64, 0, KVT_DTYPE_DEFAULT);
-        TU_OK(kvt_selector_create(&other, &g4, NULL));
-        TU_OK(kvt_select(other, p2, s2, 0, 1, q, pages, 16, &n_sel, sc));
+        TU_OK(kvt_selector_create(&g4, NULL, &other));
+        TU_OK(kvt_selector_select(other, p2, s2, 0, 1, q, pages, 16, &n_sel, sc));
         assert_int_equal(n_sel, 3);
         kvt_selector_destroy(other);
         kvt_pool_destroy(p2);
@@ -732,28 +732,28 @@ static void test_select_bad(void **state)
     /* kvt_selector_create's own checks. */
     kvt_selector *bad = NULL;
     kvt_selector_opts so = KVT_SELECTOR_OPTS_INIT;
-    TU_EXPECT_ERR(kvt_selector_create(NULL, &g, &so), KVT_EINVAL, "out");
-    TU_EXPECT_ERR(kvt_selector_create(&bad, NULL, &so), KVT_EINVAL, "geom");
+    TU_EXPECT_ERR(kvt_selector_create(&g, &so, NULL), KVT_EINVAL, "out");
+    TU_EXPECT_ERR(kvt_selector_create(NULL, &so, &bad), KVT_EINVAL, "geom");
     kvt_geometry gbad = g;
     gbad.head_dim = 12;
-    TU_EXPECT_ERR(kvt_selector_create(&bad, &gbad, &so), KVT_EINVAL, "head_dim");
+    TU_EXPECT_ERR(kvt_selector_create(&gbad, &so, &bad), KVT_EINVAL, "head_dim");
     so.method = 2;
-    TU_EXPECT_ERR(kvt_selector_create(&bad, &g, &so), KVT_EINVAL, "method");
+    TU_EXPECT_ERR(kvt_selector_create(&g, &so, &bad), KVT_EINVAL, "method");
     so = (kvt_selector_opts)KVT_SELECTOR_OPTS_INIT;
     so.vote = 3;
-    TU_EXPECT_ERR(kvt_selector_create(&bad, &g, &so), KVT_EINVAL, "vote");
+    TU_EXPECT_ERR(kvt_selector_create(&g, &so, &bad), KVT_EINVAL, "vote");
     so = (kvt_selector_opts)KVT_SELECTOR_OPTS_INIT;
     so.struct_size = 4;
-    TU_EXPECT_ERR(kvt_selector_create(&bad, &g, &so), KVT_EINVAL, "struct_size");
+    TU_EXPECT_ERR(kvt_selector_create(&g, &so, &bad), KVT_EINVAL, "struct_size");
     so = (kvt_selector_opts)KVT_SELECTOR_OPTS_INIT;
     so.top_k_pages = KVT_SELECT_MAX_PAGES + 1;
-    TU_EXPECT_ERR(kvt_selector_create(&bad, &g, &so), KVT_ERANGE, "top_k_pages");
+    TU_EXPECT_ERR(kvt_selector_create(&g, &so, &bad), KVT_ERANGE, "top_k_pages");
     so = (kvt_selector_opts)KVT_SELECTOR_OPTS_INIT;
     so.sink_pages = KVT_SELECT_MAX_PAGES + 1;
-    TU_EXPECT_ERR(kvt_selector_create(&bad, &g, &so), KVT_ERANGE, "sink_pages");
+    TU_EXPECT_ERR(kvt_selector_create(&g, &so, &bad), KVT_ERANGE, "sink_pages");
     so = (kvt_selector_opts)KVT_SELECTOR_OPTS_INIT;
     so.local_pages = KVT_SELECT_MAX_PAGES + 1;
-    TU_EXPECT_ERR(kvt_selector_create(&bad, &g, &so), KVT_ERANGE, "local_pages");
+    TU_EXPECT_ERR(kvt_selector_create(&g, &so, &bad), KVT_ERANGE, "local_pages");
     /* A larger struct with a zero tail is fine (a newer caller, nothing asked). */
     struct {
         kvt_selector_opts o;
@@ -762,13 +762,13 @@ static void test_select_bad(void **state)
     memset(&big, 0, sizeof big);
     TU_OK(kvt_selector_opts_init(&big.o));
     big.o.struct_size = sizeof big;
-    TU_OK(kvt_selector_create(&bad, &g, &big.o));
+    TU_OK(kvt_selector_create(&g, &big.o, &bad));
     kvt_selector_destroy(bad);
     big.tail[3] = 1;
-    TU_EXPECT_ERR(kvt_selector_create(&bad, &g, &big.o), KVT_EINVAL, "struct_size");
+    TU_EXPECT_ERR(kvt_selector_create(&g, &big.o, &bad), KVT_EINVAL, "struct_size");
 
     /* Nothing changed in the pool. */
-    TU_OK(kvt_pool_stats(p, &after));
+    TU_OK(kvt_pool_stats_get(p, &after));
     assert_memory_equal(&before, &after, sizeof before);
     TU_OK(kvt_seq_read_kv(p, seq, 1, 1, 0, T, kv_after, NULL));
     assert_memory_equal(kv_before, kv_after, sizeof kv_before);
@@ -784,7 +784,7 @@ static void test_empty_and_shared(void **state)
     enum { D = 64, P = 8 };
     kvt_geometry g = geom_of(2, 1, 1, D, P, KVT_DTYPE_BF16);
     kvt_selector *sel;
-    TU_OK(kvt_selector_create(&sel, &g, NULL));
+    TU_OK(kvt_selector_create(&g, NULL, &sel));
     tu_rng r = {4242};
     float q[D];
     for (int d = 0; d < D; d++)
@@ -793,7 +793,7 @@ static void test_empty_and_shared(void **state)
     kvt_seq_id seqs[2];
     for (int i = 0; i < 2; i++) {
         kvt_pool_opts o = tu_opts(2, 1, 1, D, P, KVT_DTYPE_BF16, 64, 0);
-        TU_OK(kvt_pool_create(&pools[i], &o));
+        TU_OK(kvt_pool_create(&o, &pools[i]));
         TU_OK(kvt_seq_create(pools[i], NULL, &seqs[i]));
         fill_random(pools[i], seqs[i], 0, 50 + 30 * i, 1, D, &r, 1.0);
     }
@@ -802,14 +802,14 @@ static void test_empty_and_shared(void **state)
         float sc[16];
         for (int j = 0; j < 16; j++)
             sc[j] = 42.0f;
-        TU_OK(kvt_select(sel, pools[i], seqs[i], 1, 0, q, pages, 16, &n_sel, sc));
+        TU_OK(kvt_selector_select(sel, pools[i], seqs[i], 1, 0, q, pages, 16, &n_sel, sc));
         assert_int_equal(n_sel, 0);
         for (int j = 0; j < 16; j++) /* scores are not written for an empty layer */
             assert_true(sc[j] == 42.0f);
         /* Capacity 0 is enough for an empty layer. */
-        TU_OK(kvt_select(sel, pools[i], seqs[i], 1, 0, q, pages, 0, &n_sel, NULL));
+        TU_OK(kvt_selector_select(sel, pools[i], seqs[i], 1, 0, q, pages, 0, &n_sel, NULL));
         assert_int_equal(n_sel, 0);
-        TU_OK(kvt_select(sel, pools[i], seqs[i], 0, 0, q, pages, 16, &n_sel, sc));
+        TU_OK(kvt_selector_select(sel, pools[i], seqs[i], 0, 0, q, pages, 16, &n_sel, sc));
         uint32_t nw = brute_select(sc, 50 + 30 * i, P, 64, 1, 1, want);
         expect_pages(pages, n_sel, want, nw, "shared selector");
     }

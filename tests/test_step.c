@@ -1,4 +1,4 @@
-/* The step plan's lifecycle: kvt_step_plan / kvt_append / kvt_attend /
+/* The step plan's lifecycle: kvt_step_plan / kvt_step_append / kvt_step_attend /
  * kvt_step_finish over several steps and layers, checked against a second
  * pool filled with kvt_seq_append (byte-exact K/V and metadata) and against
  * a double-precision attention reference that includes the new token; the
@@ -111,7 +111,7 @@ static void ref_minmax_sum(const kvt_pool *p, kvt_seq_id seq, uint32_t layer, ui
 {
     float *mn = malloc(s->D * sizeof *mn), *mx = malloc(s->D * sizeof *mx);
     for (uint32_t pg = 0; pg < np; pg++) {
-        TU_OK(kvt_seq_page_meta(p, seq, layer, kvh, pg, mn, mx, NULL));
+        TU_OK(kvt_seq_page_meta_get(p, seq, layer, kvh, pg, mn, mx, NULL));
         double sum = 0, mag = 0;
         for (uint32_t g = 0; g < s->G; g++)
             for (uint32_t d = 0; d < s->D; d++) {
@@ -140,8 +140,8 @@ static void compare_pools(const kvt_pool *a, const kvt_pool *b, const kvt_seq_id
     for (uint32_t i = 0; i < n; i++)
         for (uint32_t l = 0; l < s->L; l++) {
             uint32_t ta, tb;
-            TU_OK(kvt_seq_length(a, ia[i], l, &ta));
-            TU_OK(kvt_seq_length(b, ib[i], l, &tb));
+            TU_OK(kvt_seq_length_get(a, ia[i], l, &ta));
+            TU_OK(kvt_seq_length_get(b, ib[i], l, &tb));
             assert_int_equal(ta, tb);
             if (!ta)
                 continue;
@@ -155,8 +155,8 @@ static void compare_pools(const kvt_pool *a, const kvt_pool *b, const kvt_seq_id
                     fail_msg("seq %u layer %u head %u: K/V differ from kvt_seq_append's", i, l,
                              h);
                 for (uint32_t pg = 0; pg < pages_of(ta, s->P); pg++) {
-                    TU_OK(kvt_seq_page_meta(a, ia[i], l, h, pg, m1[0], m1[1], m1[2]));
-                    TU_OK(kvt_seq_page_meta(b, ib[i], l, h, pg, m2[0], m2[1], m2[2]));
+                    TU_OK(kvt_seq_page_meta_get(a, ia[i], l, h, pg, m1[0], m1[1], m1[2]));
+                    TU_OK(kvt_seq_page_meta_get(b, ib[i], l, h, pg, m2[0], m2[1], m2[2]));
                     for (int w = 0; w < 3; w++)
                         if (memcmp(m1[w], m2[w], s->D * sizeof(float)))
                             fail_msg("seq %u layer %u head %u page %u: metadata %d differs", i,
@@ -182,9 +182,9 @@ static void step_loop(kvt_dtype pdt, int sparse)
     kvt_pool_opts o = tu_opts(s.L, s.H, Hq, s.D, s.P, pdt, blocks, 0);
     o.n_threads = 2;
     kvt_pool *A, *B;
-    TU_OK(kvt_pool_create(&A, &o));
+    TU_OK(kvt_pool_create(&o, &A));
     o.n_threads = 1;
-    TU_OK(kvt_pool_create(&B, &o));
+    TU_OK(kvt_pool_create(&o, &B));
     kvt_seq_id ia[NS], ib[NS];
     tu_rng r = {0x57e9ull + pdt * 10 + (uint64_t)sparse};
     for (uint32_t i = 0; i < NS; i++) {
@@ -211,7 +211,7 @@ static void step_loop(kvt_dtype pdt, int sparse)
         so.top_k_pages = K;
         so.sink_pages = SINK;
         so.local_pages = LOCAL;
-        TU_OK(kvt_selector_create(&sel, &g, &so));
+        TU_OK(kvt_selector_create(&g, &so, &sel));
     }
     kvt_step_opts so = KVT_STEP_OPTS_INIT;
     so.flags = sparse ? 0 : KVT_STEP_DENSE;
@@ -240,21 +240,21 @@ static void step_loop(kvt_dtype pdt, int sparse)
             const uint8_t *kp = qkv + (size_t)Hq * s.D * es, *vp = kp + (size_t)s.H * s.D * es;
             uint32_t before[NS];
             for (uint32_t i = 0; i < NS; i++)
-                TU_OK(kvt_seq_length(A, order_a[i], l, &before[i]));
-            TU_OK(kvt_append(st, l, kp, vp, sdt, row));
+                TU_OK(kvt_seq_length_get(A, order_a[i], l, &before[i]));
+            TU_OK(kvt_step_append(st, l, kp, vp, sdt, row));
             for (uint32_t i = 0; i < NS; i++)
                 TU_OK(kvt_seq_append(B, order_b[i], l, kp + (size_t)i * row * es,
                                      vp + (size_t)i * row * es, 1, sdt, 0));
             for (size_t e = 0; e < (size_t)NS * Hq * s.D; e++)
                 q[e] = 2.0f * tu_unit(&r);
-            TU_OK(kvt_attend(st, l, q, out, lse));
+            TU_OK(kvt_step_attend(st, l, q, out, lse));
             for (uint32_t i = 0; i < NS; i++) {
                 uint32_t T;
-                TU_OK(kvt_seq_length(A, order_a[i], l, &T));
+                TU_OK(kvt_seq_length_get(A, order_a[i], l, &T));
                 assert_int_equal(T, before[i] + 1);
                 for (uint32_t h = 0; h < s.H; h++) {
                     uint32_t n, rr;
-                    TU_OK(kvt_step_selection(st, l, i, h, pages, 64, &n, &rr));
+                    TU_OK(kvt_step_selection_get(st, l, i, h, pages, 64, &n, &rr));
                     const float *qg = q + ((size_t)i * Hq + (size_t)h * s.G) * s.D;
                     char what[128];
                     snprintf(what, sizeof what, "dtype %u %s step %u layer %u seq %u head %u",
@@ -283,8 +283,8 @@ static void step_loop(kvt_dtype pdt, int sparse)
             compare_pools(A, B, ia, ib, NS, &s);
     }
     kvt_stats sa = {.struct_size = sizeof sa}, sb = {.struct_size = sizeof sb};
-    TU_OK(kvt_pool_stats(A, &sa));
-    TU_OK(kvt_pool_stats(B, &sb));
+    TU_OK(kvt_pool_stats_get(A, &sa));
+    TU_OK(kvt_pool_stats_get(B, &sb));
     assert_int_equal(sa.n_tokens, sb.n_tokens);
     assert_int_equal(sa.tier[KVT_TIER_DEVICE].blocks_used, sb.tier[KVT_TIER_DEVICE].blocks_used);
     free(qkv);
@@ -322,7 +322,7 @@ static void test_rerank(void **state)
     kvt_pool_opts o = tu_opts(s.L, s.H, Hq, s.D, s.P, s.dt, 400, 0);
     o.n_threads = 3;
     kvt_pool *p;
-    TU_OK(kvt_pool_create(&p, &o));
+    TU_OK(kvt_pool_create(&o, &p));
     kvt_seq_id ids[RS];
     tu_rng r = {0x7e7a4ull};
     for (uint32_t i = 0; i < RS; i++) {
@@ -345,8 +345,8 @@ static void test_rerank(void **state)
     sopt.sink_pages = SINK;
     sopt.local_pages = LOCAL;
     kvt_selector *sel;
-    TU_OK(kvt_selector_create(&sel, &g, &sopt));
-    TU_OK(kvt_selector_set_rerank_interval(sel, KVT_ALL, KVT_ALL, IV));
+    TU_OK(kvt_selector_create(&g, &sopt, &sel));
+    TU_OK(kvt_selector_rerank_interval_set(sel, KVT_ALL, KVT_ALL, IV));
     kvt_step_opts so = KVT_STEP_OPTS_INIT;
     so.selector = sel;
     static uint8_t rr_hist[RSTEPS][RS][RL][RH];
@@ -361,16 +361,16 @@ static void test_rerank(void **state)
         for (uint32_t l = 0; l < s.L; l++) {
             for (size_t e = 0; e < sizeof kv / sizeof kv[0]; e++)
                 kv[e] = 2.0f * tu_unit(&r);
-            TU_OK(kvt_append(st, l, kv, kv + RS * s.H * s.D, KVT_DTYPE_F32, 0));
+            TU_OK(kvt_step_append(st, l, kv, kv + RS * s.H * s.D, KVT_DTYPE_F32, 0));
             for (size_t e = 0; e < (size_t)RS * Hq * s.D; e++)
                 q[e] = 2.0f * tu_unit(&r);
             TU_OK(kvt_step_select(st, l, q));
-            TU_OK(kvt_sparse_decode(st, l, q, out, lse));
+            TU_OK(kvt_step_decode(st, l, q, out, lse));
             for (uint32_t i = 0; i < RS; i++)
                 for (uint32_t h = 0; h < s.H; h++) {
                     uint32_t T, n, rr = 9;
-                    TU_OK(kvt_seq_length(p, ids[i], l, &T));
-                    TU_OK(kvt_step_selection(st, l, i, h, pages, 64, &n, &rr));
+                    TU_OK(kvt_seq_length_get(p, ids[i], l, &T));
+                    TU_OK(kvt_step_selection_get(st, l, i, h, pages, 64, &n, &rr));
                     assert_true(rr == 0 || rr == 1);
                     rr_hist[step][i][l][h] = (uint8_t)rr;
                     const uint32_t np = pages_of(T, s.P);
@@ -427,7 +427,7 @@ static void test_rerank(void **state)
                 }
             }
     /* Interval 1 again: every head reranks at every step. */
-    TU_OK(kvt_selector_set_rerank_interval(sel, KVT_ALL, KVT_ALL, 1));
+    TU_OK(kvt_selector_rerank_interval_set(sel, KVT_ALL, KVT_ALL, 1));
     for (uint32_t step = 0; step < 3; step++) {
         kvt_step *st;
         TU_OK(kvt_step_plan(p, ids, RS, &so, &st));
@@ -438,7 +438,7 @@ static void test_rerank(void **state)
             for (uint32_t i = 0; i < RS; i++)
                 for (uint32_t h = 0; h < s.H; h++) {
                     uint32_t n, rr = 9;
-                    TU_OK(kvt_step_selection(st, l, i, h, pages, 64, &n, &rr));
+                    TU_OK(kvt_step_selection_get(st, l, i, h, pages, 64, &n, &rr));
                     assert_int_equal(rr, 1);
                 }
         }
@@ -449,7 +449,7 @@ static void test_rerank(void **state)
     kvt_pool_destroy(p);
 }
 
-/* kvt_selector_set_rerank_interval(3): reranks are decided from the step
+/* kvt_selector_rerank_interval_set(3): reranks are decided from the step
  * counter, IV steps apart, and "a head that has no earlier selection to
  * reuse is always reranked". Two corners: a budget larger than the block
  * table's capacity while the sequence grows past it, and a head with
@@ -461,7 +461,7 @@ static void test_rerank_corners(void **state)
     kvt_pool_opts o = tu_opts(1, 2, 2, 16, 8, KVT_DTYPE_F16, 256, 0);
     o.n_threads = 1;
     kvt_pool *p;
-    TU_OK(kvt_pool_create(&p, &o));
+    TU_OK(kvt_pool_create(&o, &p));
     kvt_seq_id ids[3];
     static float kv[200 * 2 * 16];
     tu_rng r = {0xc0c0ull};
@@ -475,10 +475,10 @@ static void test_rerank_corners(void **state)
     }
     kvt_geometry g = {1, 2, 2, 16, 8, KVT_DTYPE_F16, {0, 0}};
     kvt_selector *sel;
-    TU_OK(kvt_selector_create(&sel, &g, NULL));
-    TU_OK(kvt_selector_set_budget(sel, 0, 0, 20, 1, 1));
-    TU_OK(kvt_selector_set_budget(sel, 0, 1, 0, 1, 1));
-    TU_OK(kvt_selector_set_rerank_interval(sel, KVT_ALL, KVT_ALL, IV));
+    TU_OK(kvt_selector_create(&g, NULL, &sel));
+    TU_OK(kvt_selector_budget_set(sel, 0, 0, 20, 1, 1));
+    TU_OK(kvt_selector_budget_set(sel, 0, 1, 0, 1, 1));
+    TU_OK(kvt_selector_rerank_interval_set(sel, KVT_ALL, KVT_ALL, IV));
     kvt_step_opts so = KVT_STEP_OPTS_INIT;
     so.selector = sel;
     uint8_t rr_hist[16][3][2];
@@ -488,13 +488,13 @@ static void test_rerank_corners(void **state)
     for (uint32_t step = 0; step < STEPS; step++) {
         kvt_step *st;
         TU_OK(kvt_step_plan(p, ids, NSQ, &so, &st));
-        TU_OK(kvt_append(st, 0, kv + step * 2 * 16 * NSQ, kv + step * 2 * 16 * NSQ,
-                         KVT_DTYPE_F32, 0));
-        TU_OK(kvt_attend(st, 0, q, out, NULL));
+        TU_OK(kvt_step_append(st, 0, kv + step * 2 * 16 * NSQ, kv + step * 2 * 16 * NSQ,
+                              KVT_DTYPE_F32, 0));
+        TU_OK(kvt_step_attend(st, 0, q, out, NULL));
         for (uint32_t i = 0; i < NSQ; i++)
             for (uint32_t h = 0; h < 2; h++) {
                 uint32_t pages[64], n, rr;
-                TU_OK(kvt_step_selection(st, 0, i, h, pages, 64, &n, &rr));
+                TU_OK(kvt_step_selection_get(st, 0, i, h, pages, 64, &n, &rr));
                 rr_hist[step][i][h] = (uint8_t)rr;
             }
         TU_OK(kvt_step_finish(st));
@@ -523,7 +523,7 @@ static void test_rerank_corners(void **state)
     kvt_selector_destroy(sel);
     kvt_pool_destroy(p);
     if (used)
-        fail_msg("rerank schedule (interval %u) differs from kvt_selector_set_rerank_interval(3):%s",
+        fail_msg("rerank schedule (interval %u) differs from kvt_selector_rerank_interval_set(3):%s",
                  IV, report);
 }
 
@@ -540,7 +540,7 @@ static void test_selector_change_between_steps(void **state)
     kvt_pool_opts o = tu_opts(1, 1, 1, 16, 8, KVT_DTYPE_F16, 128, 0);
     o.n_threads = 1;
     kvt_pool *p;
-    TU_OK(kvt_pool_create(&p, &o));
+    TU_OK(kvt_pool_create(&o, &p));
     kvt_seq_id a;
     TU_OK(kvt_seq_create(p, NULL, &a));
     static float kv[420 * 16];
@@ -553,10 +553,10 @@ static void test_selector_change_between_steps(void **state)
     so.top_k_pages = 2;
     so.rerank_interval = 4;
     kvt_selector *small, *big;
-    TU_OK(kvt_selector_create(&small, &g, &so));
+    TU_OK(kvt_selector_create(&g, &so, &small));
     so.top_k_pages = 40;
     so.rerank_interval = 1;
-    TU_OK(kvt_selector_create(&big, &g, &so));
+    TU_OK(kvt_selector_create(&g, &so, &big));
     const kvt_selector *order[6] = {small, big, big, small, small, big};
     float q[16], out[16], lse[1];
     uint32_t pages[64], n, rr;
@@ -566,8 +566,8 @@ static void test_selector_change_between_steps(void **state)
             const kvt_selector *sel = round == 0 ? order[step] : small;
             uint32_t K = round == 0 ? (sel == big ? 40 : 2) : (step < 2 ? 2 : 40);
             if (round == 1 && step == 2) { /* the same selector, re-budgeted */
-                TU_OK(kvt_selector_set_rerank_interval(small, KVT_ALL, KVT_ALL, 1));
-                TU_OK(kvt_selector_set_budget(small, KVT_ALL, KVT_ALL, 40, 1, 1));
+                TU_OK(kvt_selector_rerank_interval_set(small, KVT_ALL, KVT_ALL, 1));
+                TU_OK(kvt_selector_budget_set(small, KVT_ALL, KVT_ALL, 40, 1, 1));
             }
             kvt_step_opts sto = KVT_STEP_OPTS_INIT;
             sto.selector = sel;
@@ -575,12 +575,12 @@ static void test_selector_change_between_steps(void **state)
             TU_OK(kvt_step_plan(p, &a, 1, &sto, &st));
             for (int d = 0; d < 16; d++)
                 q[d] = tu_unit(&r);
-            TU_OK(kvt_append(st, 0, kv + (size_t)(400 + 10 * round + step) * 16,
-                             kv + (size_t)(400 + 10 * round + step) * 16, KVT_DTYPE_F32, 0));
-            TU_OK(kvt_attend(st, 0, q, out, lse));
-            TU_OK(kvt_step_selection(st, 0, 0, 0, pages, 64, &n, &rr));
+            TU_OK(kvt_step_append(st, 0, kv + (size_t)(400 + 10 * round + step) * 16,
+                                  kv + (size_t)(400 + 10 * round + step) * 16, KVT_DTYPE_F32, 0));
+            TU_OK(kvt_step_attend(st, 0, q, out, lse));
+            TU_OK(kvt_step_selection_get(st, 0, 0, 0, pages, 64, &n, &rr));
             uint32_t T;
-            TU_OK(kvt_seq_length(p, a, 0, &T));
+            TU_OK(kvt_seq_length_get(p, a, 0, &T));
             char what[80];
             snprintf(what, sizeof what, "round %d step %d (K %u)", round, step, K);
             if (rr) {
@@ -620,12 +620,12 @@ static void snap_take(snap *sn, const kvt_pool *p, const kvt_seq_id *ids, uint32
         n += (len);                                                                      \
     } while (0)
     kvt_stats st = {.struct_size = sizeof st};
-    TU_OK(kvt_pool_stats(p, &st));
+    TU_OK(kvt_pool_stats_get(p, &st));
     PUT(&st, sizeof st);
     for (uint32_t i = 0; i < n_ids; i++)
         for (uint32_t l = 0; l < s->L; l++) {
             uint32_t T;
-            TU_OK(kvt_seq_length(p, ids[i], l, &T));
+            TU_OK(kvt_seq_length_get(p, ids[i], l, &T));
             PUT(&T, sizeof T);
             for (uint32_t h = 0; h < s->H && T; h++) {
                 uint8_t *k = malloc((size_t)T * s->D * es), *v = malloc((size_t)T * s->D * es);
@@ -636,7 +636,7 @@ static void snap_take(snap *sn, const kvt_pool *p, const kvt_seq_id *ids, uint32
                 free(v);
                 float m[3 * 64];
                 for (uint32_t pg = 0; pg < pages_of(T, s->P); pg++) {
-                    TU_OK(kvt_seq_page_meta(p, ids[i], l, h, pg, m, m + s->D, m + 2 * s->D));
+                    TU_OK(kvt_seq_page_meta_get(p, ids[i], l, h, pg, m, m + s->D, m + 2 * s->D));
                     PUT(m, 3 * s->D * sizeof(float));
                 }
             }
@@ -664,7 +664,7 @@ static void test_plan_bad(void **state)
     const uint32_t Hq = 4;
     kvt_pool_opts o = tu_opts(s.L, s.H, Hq, s.D, s.P, s.dt, 64, 0);
     kvt_pool *p;
-    TU_OK(kvt_pool_create(&p, &o));
+    TU_OK(kvt_pool_create(&o, &p));
     kvt_seq_id a, b, gone;
     TU_OK(kvt_seq_create(p, NULL, &a));
     TU_OK(kvt_seq_create(p, NULL, &b));
@@ -683,10 +683,10 @@ static void test_plan_bad(void **state)
     snap_take(&s0, p, ids, 2, &s);
     kvt_geometry g = {s.L, s.H, Hq, s.D, s.P, s.dt, {0, 0}};
     kvt_selector *sel, *other;
-    TU_OK(kvt_selector_create(&sel, &g, NULL));
+    TU_OK(kvt_selector_create(&g, NULL, &sel));
     kvt_geometry g2 = g;
     g2.head_dim = 64;
-    TU_OK(kvt_selector_create(&other, &g2, NULL));
+    TU_OK(kvt_selector_create(&g2, NULL, &other));
     kvt_step *st = (kvt_step *)&r;
     kvt_step_opts so = KVT_STEP_OPTS_INIT;
     so.selector = sel;
@@ -755,12 +755,20 @@ static void test_plan_bad(void **state)
     TU_OK(kvt_step_finish(st));
     assert_int_equal(kvt_step_finish(NULL), 0);
     snap_same(&s0, p, ids, 2, &s, "empty steps");
-    /* The second version (no stream field) stays accepted, and the CPU
-     * backend takes any stream and ignores it. */
-    kvt_step_opts v2 = so;
-    v2.struct_size = (uint32_t)offsetof(kvt_step_opts, stream);
-    TU_OK(kvt_step_plan(p, ids, 2, &v2, &st));
+    /* One layout: a struct_size short of it (the stream field) is refused,
+     * a longer one with zeros past it accepted, one with a non-zero byte
+     * past it refused; the CPU backend takes any stream and ignores it. */
+    struct {
+        kvt_step_opts o;
+        uint64_t tail;
+    } v2 = {so, 0};
+    v2.o.struct_size = (uint32_t)offsetof(kvt_step_opts, stream);
+    TU_EXPECT_ERR(kvt_step_plan(p, ids, 2, &v2.o, &st), KVT_EINVAL, "struct_size");
+    v2.o.struct_size = (uint32_t)sizeof v2;
+    TU_OK(kvt_step_plan(p, ids, 2, &v2.o, &st));
     TU_OK(kvt_step_finish(st));
+    v2.tail = 1;
+    TU_EXPECT_ERR(kvt_step_plan(p, ids, 2, &v2.o, &st), KVT_EINVAL, "struct_size");
     kvt_step_opts withstream = so;
     withstream.stream = &r;
     TU_OK(kvt_step_plan(p, ids, 2, &withstream, &st));
@@ -779,7 +787,7 @@ static void test_per_layer_bad(void **state)
     kvt_pool_opts o = tu_opts(s.L, s.H, Hq, s.D, s.P, s.dt, 64, 0);
     o.n_threads = 2;
     kvt_pool *p;
-    TU_OK(kvt_pool_create(&p, &o));
+    TU_OK(kvt_pool_create(&o, &p));
     kvt_seq_id a, b;
     TU_OK(kvt_seq_create(p, NULL, &a));
     TU_OK(kvt_seq_create(p, NULL, &b));
@@ -794,7 +802,7 @@ static void test_per_layer_bad(void **state)
     kvt_seq_id ids[2] = {a, b};
     kvt_geometry g = {s.L, s.H, Hq, s.D, s.P, s.dt, {0, 0}};
     kvt_selector *sel;
-    TU_OK(kvt_selector_create(&sel, &g, NULL));
+    TU_OK(kvt_selector_create(&g, NULL, &sel));
     kvt_step_opts so = KVT_STEP_OPTS_INIT;
     so.selector = sel;
     float q[2 * 4 * 32], out[2 * 4 * 32], lse[8], k1[2 * (2 * 2 * 32)]; /* K then V */
@@ -809,44 +817,44 @@ static void test_per_layer_bad(void **state)
     kvt_step *st;
     TU_OK(kvt_step_plan(p, ids, 2, &so, &st));
     /* Nothing selected yet. */
-    TU_EXPECT_ERR(kvt_sparse_decode(st, 0, q, out, lse), KVT_ESTATE, "layer");
-    TU_EXPECT_ERR(kvt_step_selection(st, 0, 0, 0, pages, 16, &n, &rr), KVT_ESTATE, "layer");
+    TU_EXPECT_ERR(kvt_step_decode(st, 0, q, out, lse), KVT_ESTATE, "layer");
+    TU_EXPECT_ERR(kvt_step_selection_get(st, 0, 0, 0, pages, 16, &n, &rr), KVT_ESTATE, "layer");
     /* Arguments. */
-    TU_EXPECT_ERR(kvt_append(st, L, k1, k1, KVT_DTYPE_F32, 0), KVT_EINVAL, "layer");
-    TU_EXPECT_ERR(kvt_append(st, 0, NULL, k1, KVT_DTYPE_F32, 0), KVT_EINVAL, "k");
-    TU_EXPECT_ERR(kvt_append(st, 0, k1, NULL, KVT_DTYPE_F32, 0), KVT_EINVAL, "v");
-    TU_EXPECT_ERR(kvt_append(st, 0, k1, k1, 0, 0), KVT_EINVAL, "src_dtype");
-    TU_EXPECT_ERR(kvt_append(st, 0, k1, k1, 9, 0), KVT_EINVAL, "src_dtype");
-    TU_EXPECT_ERR(kvt_append(st, 0, k1, k1, KVT_DTYPE_F32, H * D - 1), KVT_EINVAL,
+    TU_EXPECT_ERR(kvt_step_append(st, L, k1, k1, KVT_DTYPE_F32, 0), KVT_EINVAL, "layer");
+    TU_EXPECT_ERR(kvt_step_append(st, 0, NULL, k1, KVT_DTYPE_F32, 0), KVT_EINVAL, "k");
+    TU_EXPECT_ERR(kvt_step_append(st, 0, k1, NULL, KVT_DTYPE_F32, 0), KVT_EINVAL, "v");
+    TU_EXPECT_ERR(kvt_step_append(st, 0, k1, k1, 0, 0), KVT_EINVAL, "src_dtype");
+    TU_EXPECT_ERR(kvt_step_append(st, 0, k1, k1, 9, 0), KVT_EINVAL, "src_dtype");
+    TU_EXPECT_ERR(kvt_step_append(st, 0, k1, k1, KVT_DTYPE_F32, H * D - 1), KVT_EINVAL,
                   "seq_stride");
-    TU_EXPECT_ERR(kvt_append(st, 0, k1, k1, KVT_DTYPE_F32, UINT64_MAX / 2), KVT_EOVERFLOW,
+    TU_EXPECT_ERR(kvt_step_append(st, 0, k1, k1, KVT_DTYPE_F32, UINT64_MAX / 2), KVT_EOVERFLOW,
                   "seq_stride");
     TU_EXPECT_ERR(kvt_step_select(st, L, q), KVT_EINVAL, "layer");
     TU_EXPECT_ERR(kvt_step_select(st, 0, NULL), KVT_EINVAL, "q");
-    TU_EXPECT_ERR(kvt_attend(st, L, q, out, lse), KVT_EINVAL, "layer");
-    TU_EXPECT_ERR(kvt_attend(st, 0, NULL, out, lse), KVT_EINVAL, "q");
-    TU_EXPECT_ERR(kvt_attend(st, 0, q, NULL, lse), KVT_EINVAL, "out");
-    TU_EXPECT_ERR(kvt_sparse_decode(st, L, q, out, lse), KVT_EINVAL, "layer");
+    TU_EXPECT_ERR(kvt_step_attend(st, L, q, out, lse), KVT_EINVAL, "layer");
+    TU_EXPECT_ERR(kvt_step_attend(st, 0, NULL, out, lse), KVT_EINVAL, "q");
+    TU_EXPECT_ERR(kvt_step_attend(st, 0, q, NULL, lse), KVT_EINVAL, "out");
+    TU_EXPECT_ERR(kvt_step_decode(st, L, q, out, lse), KVT_EINVAL, "layer");
     snap_same(&s0, p, ids, 2, &s, "refused per-layer calls");
 
     /* Layer 0: append once; a second append is refused and stores nothing. */
-    TU_OK(kvt_append(st, 0, k1, k1 + 2 * H * D, KVT_DTYPE_F32, 0));
+    TU_OK(kvt_step_append(st, 0, k1, k1 + 2 * H * D, KVT_DTYPE_F32, 0));
     snap s1;
     snap_take(&s1, p, ids, 2, &s);
-    TU_EXPECT_ERR(kvt_append(st, 0, k1, k1, KVT_DTYPE_F32, 0), KVT_ESTATE, "layer");
+    TU_EXPECT_ERR(kvt_step_append(st, 0, k1, k1, KVT_DTYPE_F32, 0), KVT_ESTATE, "layer");
     snap_same(&s1, p, ids, 2, &s, "a second append of layer 0");
-    TU_OK(kvt_attend(st, 0, q, out, lse));
-    TU_EXPECT_ERR(kvt_sparse_decode(st, 0, NULL, out, lse), KVT_EINVAL, "q");
-    TU_EXPECT_ERR(kvt_sparse_decode(st, 0, q, NULL, lse), KVT_EINVAL, "out");
-    TU_EXPECT_ERR(kvt_step_selection(st, 0, 2, 0, pages, 16, &n, &rr), KVT_EINVAL, "seq_index");
-    TU_EXPECT_ERR(kvt_step_selection(st, 0, 0, H, pages, 16, &n, &rr), KVT_EINVAL, "kv_head");
-    TU_EXPECT_ERR(kvt_step_selection(st, L, 0, 0, pages, 16, &n, &rr), KVT_EINVAL, "layer");
-    TU_EXPECT_ERR(kvt_step_selection(st, 0, 0, 0, pages, 16, NULL, &rr), KVT_EINVAL, "n_pages");
+    TU_OK(kvt_step_attend(st, 0, q, out, lse));
+    TU_EXPECT_ERR(kvt_step_decode(st, 0, NULL, out, lse), KVT_EINVAL, "q");
+    TU_EXPECT_ERR(kvt_step_decode(st, 0, q, NULL, lse), KVT_EINVAL, "out");
+    TU_EXPECT_ERR(kvt_step_selection_get(st, 0, 2, 0, pages, 16, &n, &rr), KVT_EINVAL, "seq_index");
+    TU_EXPECT_ERR(kvt_step_selection_get(st, 0, 0, H, pages, 16, &n, &rr), KVT_EINVAL, "kv_head");
+    TU_EXPECT_ERR(kvt_step_selection_get(st, L, 0, 0, pages, 16, &n, &rr), KVT_EINVAL, "layer");
+    TU_EXPECT_ERR(kvt_step_selection_get(st, 0, 0, 0, pages, 16, NULL, &rr), KVT_EINVAL, "n_pages");
     /* Sequence a has 21 tokens in layer 0: 3 pages, all selected (K 64). */
-    TU_EXPECT_ERR(kvt_step_selection(st, 0, 0, 0, pages, 2, &n, &rr), KVT_ERANGE, "capacity");
+    TU_EXPECT_ERR(kvt_step_selection_get(st, 0, 0, 0, pages, 2, &n, &rr), KVT_ERANGE, "capacity");
     assert_non_null(strstr(kvt_last_error(), "3"));
-    TU_EXPECT_ERR(kvt_step_selection(st, 0, 0, 0, NULL, 16, &n, &rr), KVT_EINVAL, "pages");
-    TU_OK(kvt_step_selection(st, 0, 0, 0, pages, 3, &n, NULL));
+    TU_EXPECT_ERR(kvt_step_selection_get(st, 0, 0, 0, NULL, 16, &n, &rr), KVT_EINVAL, "pages");
+    TU_OK(kvt_step_selection_get(st, 0, 0, 0, pages, 3, &n, NULL));
     assert_int_equal(n, 3);
 
     /* A sequence appended behind the plan's back makes the plan stale for
@@ -854,19 +862,19 @@ static void test_per_layer_bad(void **state)
     TU_OK(kvt_seq_append(p, b, 1, kv, kv, 1, KVT_DTYPE_F32, 0));
     snap s2;
     snap_take(&s2, p, ids, 2, &s);
-    TU_EXPECT_ERR(kvt_append(st, 1, k1, k1, KVT_DTYPE_F32, 0), KVT_ESTATE, "stale");
-    TU_EXPECT_ERR(kvt_attend(st, 1, q, out, lse), KVT_ESTATE, "stale");
+    TU_EXPECT_ERR(kvt_step_append(st, 1, k1, k1, KVT_DTYPE_F32, 0), KVT_ESTATE, "stale");
+    TU_EXPECT_ERR(kvt_step_attend(st, 1, q, out, lse), KVT_ESTATE, "stale");
     TU_EXPECT_ERR(kvt_step_select(st, 1, q), KVT_ESTATE, "stale");
     snap_same(&s2, p, ids, 2, &s, "calls on a stale plan");
     TU_OK(kvt_step_finish(st));
     TU_CHECK(p);
 
     /* After finish, every call with the step is KVT_ESTATE. */
-    TU_EXPECT_ERR(kvt_append(st, 0, k1, k1, KVT_DTYPE_F32, 0), KVT_ESTATE, "step");
+    TU_EXPECT_ERR(kvt_step_append(st, 0, k1, k1, KVT_DTYPE_F32, 0), KVT_ESTATE, "step");
     TU_EXPECT_ERR(kvt_step_select(st, 0, q), KVT_ESTATE, "step");
-    TU_EXPECT_ERR(kvt_sparse_decode(st, 0, q, out, lse), KVT_ESTATE, "step");
-    TU_EXPECT_ERR(kvt_attend(st, 0, q, out, lse), KVT_ESTATE, "step");
-    TU_EXPECT_ERR(kvt_step_selection(st, 0, 0, 0, pages, 16, &n, &rr), KVT_ESTATE, "step");
+    TU_EXPECT_ERR(kvt_step_decode(st, 0, q, out, lse), KVT_ESTATE, "step");
+    TU_EXPECT_ERR(kvt_step_attend(st, 0, q, out, lse), KVT_ESTATE, "step");
+    TU_EXPECT_ERR(kvt_step_selection_get(st, 0, 0, 0, pages, 16, &n, &rr), KVT_ESTATE, "step");
     TU_EXPECT_ERR(kvt_step_finish(st), KVT_ESTATE, "step");
     snap_same(&s2, p, ids, 2, &s, "calls on a finished step");
 
@@ -875,9 +883,9 @@ static void test_per_layer_bad(void **state)
     TU_OK(kvt_step_plan(p, ids, 2, &so, &st));
     TU_OK(kvt_seq_release(p, b));
     kvt_clear_error();
-    int rc = kvt_attend(st, 1, q, out, lse);
+    int rc = kvt_step_attend(st, 1, q, out, lse);
     assert_true(rc == KVT_ENOENT || rc == KVT_ESTATE);
-    rc = kvt_append(st, 1, k1, k1, KVT_DTYPE_F32, 0);
+    rc = kvt_step_append(st, 1, k1, k1, KVT_DTYPE_F32, 0);
     assert_true(rc == KVT_ENOENT || rc == KVT_ESTATE);
     TU_OK(kvt_step_finish(st));
     TU_CHECK(p);
@@ -890,7 +898,7 @@ static void test_per_layer_bad(void **state)
     /* Destroying a pool with a step still open frees the step too (ASan and
      * valgrind runs check for leaks). */
     TU_OK(kvt_step_plan(p, only_a, 1, &so, &st));
-    TU_OK(kvt_append(st, 0, k1, k1 + 2 * H * D, KVT_DTYPE_F32, 0));
+    TU_OK(kvt_step_append(st, 0, k1, k1 + 2 * H * D, KVT_DTYPE_F32, 0));
     free(s0.bytes);
     free(s1.bytes);
     free(s2.bytes);
@@ -917,7 +925,7 @@ static void test_enospc(void **state)
     for (uint32_t spare = 0; spare <= 4; spare++) {
         kvt_pool_opts o = tu_opts(s.L, s.H, s.H, s.D, s.P, s.dt, 1 + 8 + spare, 0);
         kvt_pool *p;
-        TU_OK(kvt_pool_create(&p, &o));
+        TU_OK(kvt_pool_create(&o, &p));
         kvt_seq_id a;
         TU_OK(kvt_seq_create(p, NULL, &a));
         for (uint32_t l = 0; l < s.L; l++)
@@ -933,20 +941,20 @@ static void test_enospc(void **state)
             TU_OK(kvt_step_plan(p, &a, 1, &dense, &st));
             float out[2 * 32], lse[2];
             for (uint32_t l = 0; l < s.L; l++) {
-                TU_OK(kvt_append(st, l, kv, kv, KVT_DTYPE_F32, 0));
-                TU_OK(kvt_attend(st, l, kv, out, lse));
+                TU_OK(kvt_step_append(st, l, kv, kv, KVT_DTYPE_F32, 0));
+                TU_OK(kvt_step_attend(st, l, kv, out, lse));
             }
             TU_OK(kvt_step_finish(st));
             TU_CHECK(p);
             kvt_stats stt = {.struct_size = sizeof stt};
-            TU_OK(kvt_pool_stats(p, &stt));
+            TU_OK(kvt_pool_stats_get(p, &stt));
             assert_int_equal(stt.tier[KVT_TIER_DEVICE].blocks_free, 0);
             /* 17 tokens: the last page is partial, so 7 more tokens need no
              * block even with the device tier full. */
             for (int t = 0; t < 7; t++) {
                 TU_OK(kvt_step_plan(p, &a, 1, &dense, &st));
                 for (uint32_t l = 0; l < s.L; l++)
-                    TU_OK(kvt_append(st, l, kv, kv, KVT_DTYPE_F32, 0));
+                    TU_OK(kvt_step_append(st, l, kv, kv, KVT_DTYPE_F32, 0));
                 TU_OK(kvt_step_finish(st));
             }
             /* 24 tokens, full again: the next plan fails and changes nothing. */
@@ -976,7 +984,7 @@ static void test_plan_at_token_limit(void **state)
     const shape s = {1, 1, 1, 16, 8, KVT_DTYPE_F16};
     kvt_pool_opts o = tu_opts(s.L, s.H, s.H, s.D, s.P, s.dt, 16, 0);
     kvt_pool *p;
-    TU_OK(kvt_pool_create(&p, &o));
+    TU_OK(kvt_pool_create(&o, &p));
     kvt_seq_opts sq = KVT_SEQ_OPTS_INIT;
     sq.max_tokens = 12;
     kvt_seq_id a, b;
@@ -996,12 +1004,12 @@ static void test_plan_at_token_limit(void **state)
     if (rc == 0) {
         /* Not what kvt_step_plan(3) documents; at least the append must be
          * all or nothing. */
-        int arc = kvt_append(st, 0, kv, kv, KVT_DTYPE_F32, 0);
+        int arc = kvt_step_append(st, 0, kv, kv, KVT_DTYPE_F32, 0);
         TU_OK(kvt_step_finish(st));
         snap_same(&s0, p, ids, 2, &s, "an append past the token limit");
         free(s0.bytes);
         kvt_pool_destroy(p);
-        fail_msg("kvt_step_plan accepted a sequence at its max_tokens (kvt_append then "
+        fail_msg("kvt_step_plan accepted a sequence at its max_tokens (kvt_step_append then "
                  "returned %s); kvt_step_plan(3) documents KVT_ERANGE", kvt_err_name(arc));
     }
     assert_int_equal(rc, KVT_ERANGE);
@@ -1020,7 +1028,7 @@ static void test_select_layers_then_decode(void **state)
     const shape s = {2, 1, 2, 32, 8, KVT_DTYPE_F32};
     kvt_pool_opts o = tu_opts(s.L, s.H, 2, s.D, s.P, s.dt, 32, 0);
     kvt_pool *p;
-    TU_OK(kvt_pool_create(&p, &o));
+    TU_OK(kvt_pool_create(&o, &p));
     kvt_seq_id a;
     TU_OK(kvt_seq_create(p, NULL, &a));
     tu_rng r = {0x1a7e5ull};
@@ -1035,27 +1043,27 @@ static void test_select_layers_then_decode(void **state)
     kvt_selector_opts so = KVT_SELECTOR_OPTS_INIT;
     so.top_k_pages = 1;
     kvt_selector *sel;
-    TU_OK(kvt_selector_create(&sel, &g, &so));
+    TU_OK(kvt_selector_create(&g, &so, &sel));
     kvt_step_opts o2 = KVT_STEP_OPTS_INIT;
     o2.selector = sel;
     kvt_step *st;
     TU_OK(kvt_step_plan(p, &a, 1, &o2, &st));
     uint32_t p0[8], n0, p1[8], n1;
     TU_OK(kvt_step_select(st, 0, q[0]));
-    TU_OK(kvt_step_selection(st, 0, 0, 0, p0, 8, &n0, NULL));
+    TU_OK(kvt_step_selection_get(st, 0, 0, 0, p0, 8, &n0, NULL));
     TU_OK(kvt_step_select(st, 1, q[1]));
-    TU_OK(kvt_step_selection(st, 1, 0, 0, p1, 8, &n1, NULL));
+    TU_OK(kvt_step_selection_get(st, 1, 0, 0, p1, 8, &n1, NULL));
     for (size_t e = 0; e < sizeof out / sizeof out[0]; e++)
         out[e] = 12345.0f;
-    TU_EXPECT_ERR(kvt_sparse_decode(st, 0, q[0], out, lse), KVT_ESTATE, "layer");
+    TU_EXPECT_ERR(kvt_step_decode(st, 0, q[0], out, lse), KVT_ESTATE, "layer");
     for (size_t e = 0; e < sizeof out / sizeof out[0]; e++)
         assert_true(out[e] == 12345.0f);
-    TU_EXPECT_ERR(kvt_step_selection(st, 0, 0, 0, p0, 8, &n0, NULL), KVT_ESTATE, "layer");
+    TU_EXPECT_ERR(kvt_step_selection_get(st, 0, 0, 0, p0, 8, &n0, NULL), KVT_ESTATE, "layer");
     TU_OK(kvt_step_select(st, 0, q[0]));
-    TU_OK(kvt_step_selection(st, 0, 0, 0, p0, 8, &n0, NULL));
-    TU_OK(kvt_sparse_decode(st, 0, q[0], out, lse));
+    TU_OK(kvt_step_selection_get(st, 0, 0, 0, p0, 8, &n0, NULL));
+    TU_OK(kvt_step_decode(st, 0, q[0], out, lse));
     uint32_t pc[8], nc;
-    TU_OK(kvt_step_selection(st, 0, 0, 0, pc, 8, &nc, NULL));
+    TU_OK(kvt_step_selection_get(st, 0, 0, 0, pc, 8, &nc, NULL));
     assert_int_equal(nc, n0);
     assert_memory_equal(pc, p0, n0 * sizeof *p0);
     double ref[2 * 32], rl[2], kap[2], vmax;
@@ -1073,7 +1081,7 @@ static void test_doc_edge_cases(void **state)
     (void)state;
     kvt_pool_opts o = tu_opts(1, 1, 1, 16, 8, KVT_DTYPE_F16, 16, 0);
     kvt_pool *p;
-    TU_OK(kvt_pool_create(&p, &o));
+    TU_OK(kvt_pool_create(&o, &p));
     kvt_seq_id empty;
     TU_OK(kvt_seq_create(p, NULL, &empty));
     kvt_step_opts dense = KVT_STEP_OPTS_INIT;
@@ -1096,17 +1104,17 @@ static void test_doc_edge_cases(void **state)
     /* kvt_step_select(3): "step or q is NULL" is KVT_EINVAL (dense or not). */
     DOC_EXPECT(kvt_step_select(st, 0, NULL), KVT_EINVAL, "q");
     TU_OK(kvt_step_select(st, 0, q));
-    /* kvt_step_selection(3): "pages is NULL with a non-zero capacity" is
+    /* kvt_step_selection_get(3): "pages is NULL with a non-zero capacity" is
      * KVT_EINVAL, also when nothing is selected. */
-    DOC_EXPECT(kvt_step_selection(st, 0, 0, 0, NULL, 4, &n, NULL), KVT_EINVAL, "pages");
-    TU_OK(kvt_step_selection(st, 0, 0, 0, NULL, 0, &n, NULL));
+    DOC_EXPECT(kvt_step_selection_get(st, 0, 0, 0, NULL, 4, &n, NULL), KVT_EINVAL, "pages");
+    TU_OK(kvt_step_selection_get(st, 0, 0, 0, NULL, 0, &n, NULL));
     assert_int_equal(n, 0);
     /* A NULL step: the message names the argument as the headers do. */
-    DOC_EXPECT(kvt_append(NULL, 0, q, q, KVT_DTYPE_F32, 0), KVT_EINVAL, "step");
+    DOC_EXPECT(kvt_step_append(NULL, 0, q, q, KVT_DTYPE_F32, 0), KVT_EINVAL, "step");
     DOC_EXPECT(kvt_step_select(NULL, 0, q), KVT_EINVAL, "step");
-    DOC_EXPECT(kvt_sparse_decode(NULL, 0, q, out, lse), KVT_EINVAL, "step");
-    DOC_EXPECT(kvt_attend(NULL, 0, q, out, lse), KVT_EINVAL, "step");
-    DOC_EXPECT(kvt_step_selection(NULL, 0, 0, 0, pages, 4, &n, NULL), KVT_EINVAL, "step");
+    DOC_EXPECT(kvt_step_decode(NULL, 0, q, out, lse), KVT_EINVAL, "step");
+    DOC_EXPECT(kvt_step_attend(NULL, 0, q, out, lse), KVT_EINVAL, "step");
+    DOC_EXPECT(kvt_step_selection_get(NULL, 0, 0, 0, pages, 4, &n, NULL), KVT_EINVAL, "step");
 #undef DOC_EXPECT
     TU_OK(kvt_step_finish(st));
     kvt_pool_destroy(p);
@@ -1124,7 +1132,7 @@ static void test_stagger_after_churn(void **state)
     kvt_pool_opts o = tu_opts(1, 1, 1, 16, 16, KVT_DTYPE_F32, 200, 0);
     o.n_threads = 1;
     kvt_pool *p;
-    TU_OK(kvt_pool_create(&p, &o));
+    TU_OK(kvt_pool_create(&o, &p));
     kvt_seq_id ids[33];
     float kv[64 * 16];
     tu_rng r = {33};
@@ -1143,7 +1151,7 @@ static void test_stagger_after_churn(void **state)
     TU_OK(kvt_selector_opts_init(&so));
     so.top_k_pages = 1;
     so.rerank_interval = 16;
-    TU_OK(kvt_selector_create(&sel, &o.geom, &so));
+    TU_OK(kvt_selector_create(&o.geom, &so, &sel));
     kvt_step_opts sp;
     TU_OK(kvt_step_opts_init(&sp));
     sp.selector = sel;
@@ -1154,11 +1162,11 @@ static void test_stagger_after_churn(void **state)
     for (int t = 0; t < 33; t++) {
         kvt_step *st;
         TU_OK(kvt_step_plan(p, keep, 3, &sp, &st));
-        TU_OK(kvt_append(st, 0, kv, kv, KVT_DTYPE_F32, 0));
+        TU_OK(kvt_step_append(st, 0, kv, kv, KVT_DTYPE_F32, 0));
         TU_OK(kvt_step_select(st, 0, q));
         for (uint32_t i = 0; i < 3; i++) {
             uint32_t pages[16], n;
-            TU_OK(kvt_step_selection(st, 0, i, 0, pages, 16, &n, &rr[t][i]));
+            TU_OK(kvt_step_selection_get(st, 0, i, 0, pages, 16, &n, &rr[t][i]));
         }
         TU_OK(kvt_step_finish(st));
     }

@@ -112,14 +112,14 @@ kvt_mover_opts tier_mover_opts(uint32_t extent_pages, uint32_t segment_extents)
 uint8_t residency(const kvt_pool *p, kvt_seq_id s, uint32_t l, uint32_t h, uint32_t pg)
 {
     uint8_t r = 0;
-    TU_OK(kvt_seq_block_table(p, s, l, h, pg, 1, NULL, NULL, &r));
+    TU_OK(kvt_seq_block_table_get(p, s, l, h, pg, 1, NULL, NULL, &r));
     return r;
 }
 
 kvt_mover *mover_of(kvt_pool *p)
 {
     kvt_mover *m = NULL;
-    TU_OK(kvt_pool_mover(p, &m));
+    TU_OK(kvt_pool_mover_get(p, &m));
     assert_non_null(m);
     return m;
 }
@@ -176,7 +176,7 @@ void tier_fx_open(tier_fx *f, uint32_t dev, uint32_t host, uint64_t disk_bytes,
     if (mo)
         f->mo = *mo;
     f->o = disk_opts(dev, host, disk_bytes, mo ? &f->mo : NULL);
-    TU_OK(kvt_pool_create(&f->p, &f->o));
+    TU_OK(kvt_pool_create(&f->o, &f->p));
     f->m = mover_of(f->p);
     f->r = (tu_rng){seed};
 }

@@ -579,13 +579,13 @@ static float *lse_of(const pool_ctx *c, uint32_t l)
 
 /* Pages selected for one layer, summed over the KV heads. A step keeps the
  * selection of the most recently selected layer only, so this runs right
- * after that layer's kvt_step_select / kvt_attend. */
+ * after that layer's kvt_step_select / kvt_step_attend. */
 static uint64_t count_selected(const pool_ctx *c, const kvt_step *st, uint32_t l)
 {
     uint64_t total = 0;
     for (uint32_t h = 0; h < c->g.n_kv_heads; h++) {
         uint32_t n = 0;
-        CHECK(kvt_step_selection(st, l, 0, h, c->pages, c->n_pages, &n, NULL));
+        CHECK(kvt_step_selection_get(st, l, 0, h, c->pages, c->n_pages, &n, NULL));
         total += n;
     }
     return total;
@@ -612,7 +612,7 @@ static void check_outputs(const pool_ctx *c, const char *what)
  * the timed part. Planning and finishing are outside the clock (the pool
  * keeps the step's memory, so only the first plan allocates). For dense and
  * sparse, each layer's kvt_step_select runs untimed just before its timed
- * kvt_sparse_decode: a step holds one layer's selection at a time.
+ * kvt_step_decode: a step holds one layer's selection at a time.
  * *selected (may be NULL; for the untimed warm-up pass) receives the pages
  * selected per layer over all KV heads, averaged over the layers. */
 static double run_pass(const pool_ctx *c, int kind, const kvt_selector *sel, double *selected)
@@ -636,7 +636,7 @@ static double run_pass(const pool_ctx *c, int kind, const kvt_selector *sel, dou
             if (selected)
                 total += count_selected(c, st, l);
             t0 = bench_now();
-            CHECK(kvt_sparse_decode(st, l, q_of(c, l), out_of(c, l), lse_of(c, l)));
+            CHECK(kvt_step_decode(st, l, q_of(c, l), out_of(c, l), lse_of(c, l)));
             timed += bench_now() - t0;
         }
         break;
@@ -652,7 +652,7 @@ static double run_pass(const pool_ctx *c, int kind, const kvt_selector *sel, dou
     default:
         t0 = bench_now();
         for (uint32_t l = 0; l < L; l++) {
-            CHECK(kvt_attend(st, l, q_of(c, l), out_of(c, l), lse_of(c, l)));
+            CHECK(kvt_step_attend(st, l, q_of(c, l), out_of(c, l), lse_of(c, l)));
             if (selected)
                 total += count_selected(c, st, l);
         }
@@ -698,7 +698,7 @@ static kvt_policy *bench_policy(const pool_ctx *c, uint32_t budget)
     ph.n_heads = n;
     ph.head_class = cls;
     kvt_policy *pol;
-    CHECK(kvt_policy_create_heads(&pol, &c->g, &po, &ph));
+    CHECK(kvt_policy_create_heads(&c->g, &po, &ph, &pol));
     free(cls);
     return pol;
 }
@@ -709,7 +709,7 @@ typedef struct policy_pass_out {
 } policy_pass_out;
 
 /* POLICY_STEPS decode steps (no appends) under the policy. Each layer's
- * kvt_step_select and kvt_sparse_decode are timed; when `count`, the heads
+ * kvt_step_select and kvt_step_decode are timed; when `count`, the heads
  * reranked are counted between the two, outside the clock. */
 static void policy_pass(const pool_ctx *c, const kvt_selector *sel, const kvt_policy *pol,
                         bool count, policy_pass_out *po)
@@ -729,11 +729,11 @@ static void policy_pass(const pool_ctx *c, const kvt_selector *sel, const kvt_po
             if (count)
                 for (uint32_t h = 0; h < c->g.n_kv_heads; h++) {
                     uint32_t n, rr = 0;
-                    CHECK(kvt_step_selection(st, l, 0, h, c->pages, c->n_pages, &n, &rr));
+                    CHECK(kvt_step_selection_get(st, l, 0, h, c->pages, c->n_pages, &n, &rr));
                     po->reranked += rr;
                 }
             double t2 = bench_now();
-            CHECK(kvt_sparse_decode(st, l, q_of(c, l), out_of(c, l), lse_of(c, l)));
+            CHECK(kvt_step_decode(st, l, q_of(c, l), out_of(c, l), lse_of(c, l)));
             double t3 = bench_now();
             po->select_s += t1 - t0;
             po->total_s += (t1 - t0) + (t3 - t2);
@@ -825,12 +825,10 @@ static void bench_pool(const bench_opts *o, uint32_t ctx, uint32_t gqa, uint32_t
     fprintf(stderr, "pool ctx=%u gqa=%u threads=%u: %u layers, %.2f GiB KV + %.0f MiB metadata\n",
             ctx, gqa, T, L, (double)po.device_bytes / 1073741824.0,
             (double)blocks * 3.0 * o->head_dim * (double)kvt_dtype_size(o->dtype) / 1048576.0);
-    CHECK(kvt_pool_create(&c.pool, &po));
-    CHECK(kvt_pool_geometry(c.pool, &c.g));
+    CHECK(kvt_pool_create(&po, &c.pool));
+    CHECK(kvt_pool_geometry_get(c.pool, &c.g));
     CHECK(kvt_seq_create(c.pool, NULL, &c.seq));
-    c.isa = kvt_pool_kernel_isa(c.pool);
-    if (!c.isa)
-        die("kvt_pool_kernel_isa returned NULL");
+    CHECK(kvt_pool_kernel_isa_get(c.pool, &c.isa));
     c.elem = kvt_dtype_size(c.g.dtype);
 
     double t0 = bench_now();
@@ -874,8 +872,8 @@ static void bench_pool(const bench_opts *o, uint32_t ctx, uint32_t gqa, uint32_t
         so.method = KVT_SCORE_MINMAX;
         so.vote = KVT_VOTE_SUM;
         kvt_selector *sel;
-        CHECK(kvt_selector_create(&sel, &c.g, &so));
-        CHECK(kvt_selector_set_budget(sel, KVT_ALL, KVT_ALL, budget / c.g.page_tokens, 1, 1));
+        CHECK(kvt_selector_create(&c.g, &so, &sel));
+        CHECK(kvt_selector_budget_set(sel, KVT_ALL, KVT_ALL, budget / c.g.page_tokens, 1, 1));
 
         fprintf(stderr, "  budget %u: select, sparse, attend\n", budget);
         double selected = 0;

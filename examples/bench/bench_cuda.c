@@ -1781,12 +1781,12 @@ static void cb_cmd_tier(cb *c)
     po.window = 2;
     po.stable_interval = CB_TIER_IV;
     kvt_policy *pol;
-    CHECK(kvt_policy_create(&pol, &g, &po));
+    CHECK(kvt_policy_create(&g, &po, &pol));
     kvt_selector_opts so = KVT_SELECTOR_OPTS_INIT;
     so.top_k_pages = K;
     so.rerank_interval = CB_TIER_IV;
     kvt_selector *sel;
-    CHECK(kvt_selector_create(&sel, &g, &so));
+    CHECK(kvt_selector_create(&g, &so, &sel));
     const uint32_t *bl = c->o.batch.v, *cl = c->o.ctx.v;
     const uint32_t nb = c->o.batch.n, nc = c->o.ctx.n;
     uint64_t rng = 0x71e5;
@@ -1822,7 +1822,7 @@ static void cb_cmd_tier(cb *c)
             ot.selector = sel;
             kvt_pool_opts od = cb_tier_opts(sz.dense_bytes, 0);
             od.selector = sel;
-            if (kvt_pool_create(&tp[0].p, &ot) || kvt_pool_create(&tp[1].p, &od)) {
+            if (kvt_pool_create(&ot, &tp[0].p) || kvt_pool_create(&od, &tp[1].p)) {
                 fprintf(stderr, PROG ": tier batch %u ctx %u: %s (skipped)\n", B, ctx,
                         kvt_last_error());
                 kvt_pool_destroy(tp[0].p);
@@ -1835,7 +1835,7 @@ static void cb_cmd_tier(cb *c)
                 cb_tier_prefill(&tp[w], B, ctx, d_rows, chunk);
             }
             kvt_stats s0 = {.struct_size = sizeof s0};
-            CHECK(kvt_pool_stats(tp[0].p, &s0));
+            CHECK(kvt_pool_stats_get(tp[0].p, &s0));
             double worst = 0;
             for (uint32_t st = 0; st < steps; st++) {
                 for (size_t e = 0; e < qn + 2 * kn; e++)
@@ -1851,9 +1851,9 @@ static void cb_cmd_tier(cb *c)
                     const double t0 = bench_now();
                     CHECK(kvt_step_plan(tp[w].p, tp[w].ids, B, &sto, &stp));
                     for (uint32_t l = 0; l < CB_TIER_L; l++) {
-                        CHECK(kvt_append(stp, l, d_k, d_v, KVT_DTYPE_F32, 0));
-                        CHECK(kvt_rerank_recycle(stp, l, d_q));
-                        CHECK(kvt_sparse_decode(stp, l, d_q, d_out[w], NULL));
+                        CHECK(kvt_step_append(stp, l, d_k, d_v, KVT_DTYPE_F32, 0));
+                        CHECK(kvt_step_select(stp, l, d_q));
+                        CHECK(kvt_step_decode(stp, l, d_q, d_out[w], NULL));
                     }
                     CHECK(kvt_step_finish(stp));
                     CHECK(kvt__cu_stream_sync(c->s_normal));
@@ -1871,8 +1871,8 @@ static void cb_cmd_tier(cb *c)
                 }
             }
             kvt_stats s1 = {.struct_size = sizeof s1}, sd = {.struct_size = sizeof sd};
-            CHECK(kvt_pool_stats(tp[0].p, &s1));
-            CHECK(kvt_pool_stats(tp[1].p, &sd));
+            CHECK(kvt_pool_stats_get(tp[0].p, &s1));
+            CHECK(kvt_pool_stats_get(tp[1].p, &sd));
             const uint32_t warm = steps / 4; /* the first steps fill the windows */
             const double mt = cb_median(tp[0].ms + warm, steps - warm);
             const double md = cb_median(tp[1].ms + warm, steps - warm);

@@ -408,7 +408,7 @@ static uint64_t io_pick(io_ctx *c, const io_case *k)
             continue;
         uint32_t l, h, p;
         io_page_of(c, g, &l, &h, &p);
-        CHECK(kvt_seq_block_table(c->pool, c->seq, l, h, p, k->run, NULL, NULL, res));
+        CHECK(kvt_seq_block_table_get(c->pool, c->seq, l, h, p, k->run, NULL, NULL, res));
         for (uint32_t i = 0; i < k->run && ok; i++)
             ok = !(res[i] & KVT_RES_HOST);
         if (ok)
@@ -677,7 +677,7 @@ static uint32_t io_verify(io_ctx *c, uint32_t *from_host)
         uint32_t l, h, p;
         uint8_t res;
         io_page_of(c, g, &l, &h, &p);
-        CHECK(kvt_seq_block_table(c->pool, c->seq, l, h, p, 1, NULL, NULL, &res));
+        CHECK(kvt_seq_block_table_get(c->pool, c->seq, l, h, p, 1, NULL, NULL, &res));
         *from_host += (res & KVT_RES_HOST) != 0;
         CHECK(kvt_seq_read_kv(c->pool, c->seq, l, h, p * T, T, kb, vb));
         bool ok = true;
@@ -893,13 +893,13 @@ int bench_io_main(int argc, char **argv)
     fprintf(stderr, "io: %u layers x %u heads x %u pages of %llu bytes = %.2f GiB in %s\n", c.L,
             c.H, c.P, (unsigned long long)c.page_bytes, (double)c.file_bytes / 1073741824.0,
             o.dir);
-    CHECK(kvt_pool_create(&c.pool, &po));
+    CHECK(kvt_pool_create(&po, &c.pool));
     size_t plen = 0;
-    CHECK(kvt_pool_disk_path(c.pool, io_path, sizeof io_path, &plen));
+    CHECK(kvt_pool_disk_path_get(c.pool, io_path, sizeof io_path, &plen));
     io_path_set = 1;
-    CHECK(kvt_pool_mover(c.pool, &c.mover));
+    CHECK(kvt_pool_mover_get(c.pool, &c.mover));
     kvt_stats ps = {.struct_size = sizeof ps};
-    CHECK(kvt_pool_stats(c.pool, &ps));
+    CHECK(kvt_pool_stats_get(c.pool, &ps));
     c.host_blocks = (uint32_t)ps.tier[KVT_TIER_HOST].blocks_total;
     kvt_mover_stats ms = {.struct_size = sizeof ms};
     CHECK(kvt_mover_stats_get(c.mover, &ms));

@@ -14,9 +14,9 @@
  * and (at --disk-ctx) a tiered pool whose disk tier holds everything under a
  * host tier of --disk-host-fraction of that. Each is prefilled with the same
  * synthetic K/V in chunks (kvt_seq_append), warmed up (kvt_seq_warmup, tiered
- * pools) and decoded for --steps steps: kvt_step_plan, kvt_step_ready, per
- * layer kvt_append + kvt_rerank_recycle (kvt_step_select for the dense pool)
- * + kvt_sparse_decode, kvt_step_finish.
+ * pools) and decoded for --steps steps: kvt_step_plan, kvt_step_ready_get, per
+ * layer kvt_step_append + kvt_step_select (kvt_step_select for the dense pool)
+ * + kvt_step_decode, kvt_step_finish.
  */
 #include "bench_io.h"
 
@@ -585,7 +585,7 @@ static void get_stats(const kvt_pool *pool, kvt_stats *s)
 {
     memset(s, 0, sizeof *s);
     s->struct_size = (uint32_t)sizeof *s;
-    CHECK(kvt_pool_stats(pool, s));
+    CHECK(kvt_pool_stats_get(pool, s));
 }
 
 static void stats_delta(const kvt_stats *a, const kvt_stats *b, kvt_stats *d)
@@ -608,7 +608,7 @@ static void stats_delta(const kvt_stats *a, const kvt_stats *b, kvt_stats *d)
 static void wait_moves(kvt_pool *pool)
 {
     kvt_mover *mv;
-    CHECK(kvt_pool_mover(pool, &mv));
+    CHECK(kvt_pool_mover_get(pool, &mv));
     CHECK(kvt_mover_wait(mv, KVT_FENCE_ALL, UINT64_MAX));
 }
 
@@ -732,9 +732,9 @@ static bool pool_open(pool_run *pr, const char *name, const workload *w, int mod
         return false;
     }
 
-    CHECK(kvt_pool_create(&pr->pool, &po));
+    CHECK(kvt_pool_create(&po, &pr->pool));
     kvt_pool *pool = pr->pool;
-    r->isa = kvt_pool_kernel_isa(pool);
+    CHECK(kvt_pool_kernel_isa_get(pool, &r->isa));
     {
         kvt_stats s;
         get_stats(pool, &s);
@@ -747,7 +747,7 @@ static bool pool_open(pool_run *pr, const char *name, const workload *w, int mod
             kvt_mover_stats ms;
             memset(&ms, 0, sizeof ms);
             ms.struct_size = (uint32_t)sizeof ms;
-            CHECK(kvt_pool_mover(pool, &mv));
+            CHECK(kvt_pool_mover_get(pool, &mv));
             CHECK(kvt_mover_stats_get(mv, &ms));
             r->disk_direct = ms.disk_direct != 0;
         }
@@ -833,22 +833,22 @@ static void pool_steps(pool_run *pr, uint32_t n_steps)
         if (pr->tiered)
             for (uint32_t b = 0; b < B; b++) {
                 uint32_t ready = 1;
-                CHECK(kvt_step_ready(st, b, &ready));
+                CHECK(kvt_step_ready_get(st, b, &ready));
                 r->not_ready += !ready;
             }
         for (uint32_t l = 0; l < L; l++) {
             size_t row = ((size_t)s * L + l) * B;
             const float *q = w->q + row * Hq * D;
             double t1 = bench_now();
-            CHECK(kvt_append(st, l, w->kstep + row * H * D, w->vstep + row * H * D,
-                             KVT_DTYPE_F32, 0));
+            CHECK(kvt_step_append(st, l, w->kstep + row * H * D, w->vstep + row * H * D,
+                                  KVT_DTYPE_F32, 0));
             double t2 = bench_now();
             if (pr->tiered)
-                CHECK(kvt_rerank_recycle(st, l, q));
+                CHECK(kvt_step_select(st, l, q));
             else
                 CHECK(kvt_step_select(st, l, q));
             double t3 = bench_now();
-            CHECK(kvt_sparse_decode(st, l, q, pr->out, pr->lse));
+            CHECK(kvt_step_decode(st, l, q, pr->out, pr->lse));
             double t4 = bench_now();
             pr->app_s += t2 - t1;
             pr->sel_s += t3 - t2;
@@ -857,7 +857,7 @@ static void pool_steps(pool_run *pr, uint32_t n_steps)
             for (uint32_t b = 0; b < B; b++)
                 for (uint32_t h = 0; h < H; h++) {
                     uint32_t n = 0, rr = 0;
-                    CHECK(kvt_step_selection(st, l, b, h, pr->pages, pr->max_pages, &n, &rr));
+                    CHECK(kvt_step_selection_get(st, l, b, h, pr->pages, pr->max_pages, &n, &rr));
                     r->selected_pages += n;
                     if (w->cls[l * H + h] == KVT_HEAD_STABLE) {
                         r->refetch_bytes += (double)n * blk;
@@ -1182,9 +1182,9 @@ int bench_tier_main(int argc, char **argv)
         ph.n_heads = n;
         ph.head_class = w.cls;
         kvt_policy *pol;
-        CHECK(kvt_policy_create_heads(&pol, &w.g, &pso, &ph));
+        CHECK(kvt_policy_create_heads(&w.g, &pso, &ph, &pol));
         kvt_selector *sel;
-        CHECK(kvt_selector_create(&sel, &w.g, NULL));
+        CHECK(kvt_selector_create(&w.g, NULL, &sel));
 
         /* The context's pools are built one after the other, then decoded
          * a cycle (`interval` steps) at a time in turns, so that each pair

@@ -163,7 +163,7 @@ public:
     static Policy create(const kvt_geometry &geom, const kvt_policy_opts &opts)
     {
         kvt_policy *p = nullptr;
-        check(kvt_policy_create(&p, &geom, &opts), "kvt_policy_create");
+        check(kvt_policy_create(&geom, &opts, &p), "kvt_policy_create");
         return Policy(policy_ptr(p));
     }
     // One class per (layer, kv_head), index layer * n_kv_heads + kv_head.
@@ -174,13 +174,13 @@ public:
         h.n_heads = static_cast<uint32_t>(classes.size());
         h.head_class = classes.data();
         kvt_policy *p = nullptr;
-        check(kvt_policy_create_heads(&p, &geom, &opts, &h), "kvt_policy_create_heads");
+        check(kvt_policy_create_heads(&geom, &opts, &h, &p), "kvt_policy_create_heads");
         return Policy(policy_ptr(p));
     }
     static Policy load(const std::string &path, const kvt_geometry *expect = nullptr)
     {
         kvt_policy *p = nullptr;
-        check(kvt_policy_load(&p, path.c_str(), expect), "kvt_policy_load");
+        check(kvt_policy_load(path.c_str(), expect, &p), "kvt_policy_load");
         return Policy(policy_ptr(p));
     }
 
@@ -190,13 +190,13 @@ public:
     uint32_t count(kvt_head_class cls) const
     {
         uint32_t n = 0;
-        check(kvt_policy_count(p_.get(), cls, &n), "kvt_policy_count");
+        check(kvt_policy_count_get(p_.get(), cls, &n), "kvt_policy_count_get");
         return n;
     }
     kvt_policy_head_info head(uint32_t layer, uint32_t kv_head) const
     {
         kvt_policy_head_info i = sized<kvt_policy_head_info>();
-        check(kvt_policy_head(p_.get(), layer, kv_head, &i), "kvt_policy_head");
+        check(kvt_policy_head_get(p_.get(), layer, kv_head, &i), "kvt_policy_head_get");
         return i;
     }
     std::string describe(uint64_t ctx_tokens = 0) const
@@ -228,7 +228,7 @@ public:
     static Selector create(const kvt_geometry &geom, const kvt_selector_opts &opts)
     {
         kvt_selector *p = nullptr;
-        check(kvt_selector_create(&p, &geom, &opts), "kvt_selector_create");
+        check(kvt_selector_create(&geom, &opts, &p), "kvt_selector_create");
         return Selector(selector_ptr(p));
     }
 
@@ -239,13 +239,13 @@ public:
     void set_budget(uint32_t layer, uint32_t kv_head, uint32_t top_k, uint32_t sink,
                     uint32_t local)
     {
-        check(kvt_selector_set_budget(p_.get(), layer, kv_head, top_k, sink, local),
-              "kvt_selector_set_budget");
+        check(kvt_selector_budget_set(p_.get(), layer, kv_head, top_k, sink, local),
+              "kvt_selector_budget_set");
     }
     void set_rerank_interval(uint32_t layer, uint32_t kv_head, uint32_t interval)
     {
-        check(kvt_selector_set_rerank_interval(p_.get(), layer, kv_head, interval),
-              "kvt_selector_set_rerank_interval");
+        check(kvt_selector_rerank_interval_set(p_.get(), layer, kv_head, interval),
+              "kvt_selector_rerank_interval_set");
     }
 
 private:
@@ -259,7 +259,7 @@ public:
     explicit Pool(const kvt_pool_opts &opts)
     {
         kvt_pool *p = nullptr;
-        kvt::check(kvt_pool_create(&p, &opts), "kvt_pool_create");
+        kvt::check(kvt_pool_create(&opts, &p), "kvt_pool_create");
         p_.reset(p);
     }
 
@@ -277,13 +277,13 @@ public:
     kvt_geometry geometry() const
     {
         kvt_geometry g;
-        kvt::check(kvt_pool_geometry(p_.get(), &g), "kvt_pool_geometry");
+        kvt::check(kvt_pool_geometry_get(p_.get(), &g), "kvt_pool_geometry_get");
         return g;
     }
     kvt_stats stats() const
     {
         kvt_stats s = sized<kvt_stats>();
-        kvt::check(kvt_pool_stats(p_.get(), &s), "kvt_pool_stats");
+        kvt::check(kvt_pool_stats_get(p_.get(), &s), "kvt_pool_stats_get");
         return s;
     }
     // Every internal invariant (kvt_pool_check); throws KVT_EINTERNAL.
@@ -291,7 +291,7 @@ public:
     kvt_mover *mover() const
     {
         kvt_mover *m = nullptr;
-        kvt::check(kvt_pool_mover(p_.get(), &m), "kvt_pool_mover");
+        kvt::check(kvt_pool_mover_get(p_.get(), &m), "kvt_pool_mover_get");
         return m;
     }
     // Waits for every page move submitted so far.
@@ -299,7 +299,12 @@ public:
     {
         kvt::check(kvt_mover_wait(mover(), KVT_FENCE_ALL, timeout_ns), "kvt_mover_wait");
     }
-    const char *kernel_isa() const noexcept { return kvt_pool_kernel_isa(p_.get()); }
+    const char *kernel_isa() const
+    {
+        const char *isa = nullptr;
+        kvt::check(kvt_pool_kernel_isa_get(p_.get(), &isa), "kvt_pool_kernel_isa_get");
+        return isa;
+    }
 
 private:
     pool_ptr p_;
@@ -366,7 +371,7 @@ public:
     uint32_t length(uint32_t layer) const
     {
         uint32_t n = 0;
-        check(kvt_seq_length(pool_, id_, layer, &n), "kvt_seq_length");
+        check(kvt_seq_length_get(pool_, id_, layer, &n), "kvt_seq_length_get");
         return n;
     }
     kvt_seq_info info() const
@@ -441,48 +446,45 @@ public:
     void append(uint32_t layer, const void *k, const void *v, kvt_dtype src_dtype,
                 uint64_t seq_stride = 0)
     {
-        check(kvt_append(st_, layer, k, v, src_dtype, seq_stride), "kvt_append");
+        check(kvt_step_append(st_, layer, k, v, src_dtype, seq_stride), "kvt_step_append");
     }
     void append(uint32_t layer, const float *k, const float *v)
     {
         append(layer, k, v, KVT_DTYPE_F32, 0);
     }
+    // kvt_step_select: in a tiered pool the fused rerank/recycle.
     void select(uint32_t layer, const float *q)
     {
         check(kvt_step_select(st_, layer, q), "kvt_step_select");
     }
-    void rerank_recycle(uint32_t layer, const float *q)
+    void decode(uint32_t layer, const float *q, float *out, float *lse = nullptr)
     {
-        check(kvt_rerank_recycle(st_, layer, q), "kvt_rerank_recycle");
-    }
-    void sparse_decode(uint32_t layer, const float *q, float *out, float *lse = nullptr)
-    {
-        check(kvt_sparse_decode(st_, layer, q, out, lse), "kvt_sparse_decode");
+        check(kvt_step_decode(st_, layer, q, out, lse), "kvt_step_decode");
     }
     void attend(uint32_t layer, const float *q, float *out, float *lse = nullptr)
     {
-        check(kvt_attend(st_, layer, q, out, lse), "kvt_attend");
+        check(kvt_step_attend(st_, layer, q, out, lse), "kvt_step_attend");
     }
     // Whether no page of sequence seq_index is on its way to the device tier.
     bool ready(uint32_t seq_index)
     {
         uint32_t r = 0;
-        check(kvt_step_ready(st_, seq_index, &r), "kvt_step_ready");
+        check(kvt_step_ready_get(st_, seq_index, &r), "kvt_step_ready_get");
         return r != 0;
     }
-    // The pages the latest select/rerank_recycle of `layer` chose for
+    // The pages the latest select of `layer` chose for
     // (sequence seq_index, kv_head), in increasing order.
     std::vector<uint32_t> selection(uint32_t layer, uint32_t seq_index, uint32_t kv_head,
                                     bool *reranked = nullptr) const
     {
         uint32_t len = 0;
         if (seq_index < seqs_.size())
-            check(kvt_seq_length(pool_, seqs_[seq_index], layer, &len), "kvt_seq_length");
+            check(kvt_seq_length_get(pool_, seqs_[seq_index], layer, &len), "kvt_seq_length_get");
         std::vector<uint32_t> pages(len / page_tokens_ + 1);
         uint32_t n = 0, rr = 0;
-        check(kvt_step_selection(st_, layer, seq_index, kv_head, pages.data(),
-                                 static_cast<uint32_t>(pages.size()), &n, &rr),
-              "kvt_step_selection");
+        check(kvt_step_selection_get(st_, layer, seq_index, kv_head, pages.data(),
+                                     static_cast<uint32_t>(pages.size()), &n, &rr),
+              "kvt_step_selection_get");
         pages.resize(n);
         if (reranked)
             *reranked = rr != 0;

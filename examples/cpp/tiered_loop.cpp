@@ -6,9 +6,9 @@
 //   kvt_pool_sizing_get (device_bytes 0, target_tokens)
 //   two sequences: prefill (kvt_seq_append), warm-up (kvt_seq_warmup)
 //   each step, both sequences in one batch:
-//       plan; per layer: append, rerank_recycle, sparse_decode; finish
+//       plan; per layer: append, select, decode; finish
 //   kvt_pool_check after every step; one layer per step compared with a
-//   double-precision reference over the pages kvt_step_selection reports
+//   double-precision reference over the pages kvt_step_selection_get reports
 //   (K/V read back with kvt_seq_read_kv).
 //
 // Exits 0 and prints "C++ tiered loop: ok" when everything matches.
@@ -225,8 +225,8 @@ int run()
             rng.fill(k);
             rng.fill(v);
             st.append(l, k.data(), v.data());
-            st.rerank_recycle(l, q.data());
-            st.sparse_decode(l, q.data(), out.data(), lse.data());
+            st.select(l, q.data());
+            st.decode(l, q.data(), out.data(), lse.data());
             if (l != step % L)
                 continue;
             for (uint32_t i = 0; i < NSEQ; i++)

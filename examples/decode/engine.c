@@ -83,7 +83,7 @@ void kv_open(kvcache *kc, const model *m, const engine_opts *o, int tiered, uint
     if (tiered) {
         const uint32_t P = po.geom.page_tokens, nlh = c->n_layers * c->n_kv_heads;
         if (o->policy) {
-            CHECK(kvt_policy_load(&kc->pol, o->policy, &po.geom));
+            CHECK(kvt_policy_load(o->policy, &po.geom, &kc->pol));
         } else {
             kvt_head_class *cls = xmalloc(nlh * sizeof *cls);
             for (uint32_t i = 0; i < nlh; i++)
@@ -92,10 +92,10 @@ void kv_open(kvcache *kc, const model *m, const engine_opts *o, int tiered, uint
             CHECK(kvt_policy_opts_init(&pol));
             pol.top_k_pages = (o->budget + P - 1) / P;
             kvt_policy_heads ph = {.struct_size = sizeof ph, .n_heads = nlh, .head_class = cls};
-            CHECK(kvt_policy_create_heads(&kc->pol, &po.geom, &pol, &ph));
+            CHECK(kvt_policy_create_heads(&po.geom, &pol, &ph, &kc->pol));
             free(cls);
         }
-        CHECK(kvt_selector_create(&kc->sel, &po.geom, NULL));
+        CHECK(kvt_selector_create(&po.geom, NULL, &kc->sel));
         po.policy = kc->pol;
         po.selector = kc->sel;
     }
@@ -114,7 +114,7 @@ void kv_open(kvcache *kc, const model *m, const engine_opts *o, int tiered, uint
             po.disk_bytes = all + all / 4 + (64u << 20);
         }
     }
-    CHECK(kvt_pool_create(&kc->pool, &po));
+    CHECK(kvt_pool_create(&po, &kc->pool));
     CHECK(kvt_seq_create(kc->pool, NULL, &kc->seq));
 }
 
@@ -223,11 +223,11 @@ void engine_decode(const model *m, kvcache *kc, int32_t tok, uint32_t pos, work 
         model_rope(c, w->q, 1, c->n_heads, pos);
         model_rope(c, w->k, 1, c->n_kv_heads, pos);
         double ta = now_s();
-        CHECK(kvt_append(st, l, w->k, w->v, KVT_DTYPE_F32, 0));
+        CHECK(kvt_step_append(st, l, w->k, w->v, KVT_DTYPE_F32, 0));
         double tb = now_s();
-        CHECK(kvt_rerank_recycle(st, l, w->q));
+        CHECK(kvt_step_select(st, l, w->q));
         double tc = now_s();
-        CHECK(kvt_sparse_decode(st, l, w->q, w->att, NULL));
+        CHECK(kvt_step_decode(st, l, w->q, w->att, NULL));
         double td = now_s();
         kc->t_append += tb - ta;
         kc->t_select += tc - tb;

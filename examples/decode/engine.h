@@ -28,7 +28,7 @@ typedef struct kvcache {
     kvt_pool_sizing sz;
     double t_decode;      /* seconds in the decode forward */
     double t_prefill_kv;  /* seconds in kvt_seq_append + warm-up */
-    double t_append, t_select, t_attend; /* decode: kvt_append, rerank, sparse decode */
+    double t_append, t_select, t_attend; /* decode: kvt_step_append, rerank, sparse decode */
     double t_plan;        /* decode: kvt_step_plan + kvt_step_finish */
 } kvcache;
 

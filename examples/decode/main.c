@@ -8,8 +8,8 @@
  *   prefill, per layer:  kvt_seq_append(K, V of the prompt)   then, tiered:
  *                        kvt_seq_warmup(queries of the last prompt tokens)
  *   decode, per token:   kvt_step_plan
- *                        per layer: kvt_append(k, v)
- *                                   kvt_rerank_recycle(q) + kvt_sparse_decode(q)
+ *                        per layer: kvt_step_append(k, v)
+ *                                   kvt_step_select(q) + kvt_step_decode(q)
  *                        kvt_step_finish
  *
  * --kv dense keeps every page on the device tier and attends over all of
@@ -379,10 +379,10 @@ int main(int argc, char **argv)
         if (kc[i].tiered) {
             /* Importance-guided placement from the last prompt queries; a
              * one-sequence engine then waits for its pages (a batching
-             * engine would leave the sequence out until kvt_step_ready). */
+             * engine would leave the sequence out until kvt_step_ready_get). */
             CHECK(kvt_seq_warmup(kc[i].pool, kc[i].seq, obs, n_obs));
             kvt_mover *mv;
-            CHECK(kvt_pool_mover(kc[i].pool, &mv));
+            CHECK(kvt_pool_mover_get(kc[i].pool, &mv));
             CHECK(kvt_mover_wait(mv, KVT_FENCE_ALL, UINT64_MAX));
         }
     const double t_prefill = now_s() - t0;
@@ -398,7 +398,7 @@ int main(int argc, char **argv)
     kvt_stats st0[2];
     for (int i = 0; i < nkc; i++) {
         st0[i].struct_size = sizeof st0[i];
-        CHECK(kvt_pool_stats(kc[i].pool, &st0[i]));
+        CHECK(kvt_pool_stats_get(kc[i].pool, &st0[i]));
     }
     if (!o.quiet)
         printf("%s", tk ? "" : "ids:");
@@ -435,7 +435,7 @@ int main(int argc, char **argv)
     kvt_stats st[2];
     for (int i = 0; i < nkc; i++) {
         st[i].struct_size = sizeof st[i];
-        CHECK(kvt_pool_stats(kc[i].pool, &st[i]));
+        CHECK(kvt_pool_stats_get(kc[i].pool, &st[i]));
         CHECK(kvt_pool_check(kc[i].pool));
     }
     kvcache *tv = &kc[nkc - 1]; /* the tiered cache when there is one */
@@ -456,7 +456,7 @@ int main(int argc, char **argv)
         fprintf(stderr, ", dense %.1f tokens/s: %.2fx", steps / kc[0].t_decode,
                 kc[0].t_decode / tv->t_decode);
     for (int i = 0; i < nkc && steps; i++)
-        fprintf(stderr, "\n  %s per token: %.2f ms = plan+finish %.2f + kvt_append %.2f + select "
+        fprintf(stderr, "\n  %s per token: %.2f ms = plan+finish %.2f + kvt_step_append %.2f + select "
                 "%.2f + attention %.2f + the model's own %.2f", kc[i].tiered ? "tiered" : "dense",
                 1e3 * kc[i].t_decode / steps, 1e3 * kc[i].t_plan / steps,
                 1e3 * kc[i].t_append / steps, 1e3 * kc[i].t_select / steps,

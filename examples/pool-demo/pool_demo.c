@@ -115,12 +115,12 @@ int main(int argc, char **argv)
     po.top_k_pages = 2048 / P;
     kvt_policy_heads ph = {.struct_size = sizeof ph, .n_heads = L * H, .head_class = cls};
     kvt_policy *pol;
-    CHECK(kvt_policy_create_heads(&pol, &o.geom, &po, &ph));
+    CHECK(kvt_policy_create_heads(&o.geom, &po, &ph, &pol));
     kvt_selector *sel;
     kvt_selector_opts so;
     kvt_selector_opts_init(&so);
     so.top_k_pages = 2048 / P;
-    CHECK(kvt_selector_create(&sel, &o.geom, &so));
+    CHECK(kvt_selector_create(&o.geom, &so, &sel));
     o.policy = pol;
     o.selector = sel;
     /* The device tier is sized by the library for this context and policy
@@ -135,7 +135,7 @@ int main(int argc, char **argv)
 
     kvt_pool *pool;
     kvt_seq_id seq;
-    CHECK(kvt_pool_create(&pool, &o));
+    CHECK(kvt_pool_create(&o, &pool));
     CHECK(kvt_seq_create(pool, NULL, &seq));
     printf("kvtier %s: pool of %u layers x %u KV heads x head_dim %u, %u-token pages, %s\n",
            kvt_version_string(), L, H, D, P,
@@ -201,11 +201,11 @@ int main(int argc, char **argv)
                 q[i] = (float)((int64_t)(rng >> 33) - (1ll << 30)) / (float)(1 << 29);
             }
             t0 = now_s();
-            CHECK(kvt_append(step, l, k + (size_t)(s % chunk) * row, v + (size_t)(s % chunk) * row,
-                             KVT_DTYPE_F32, 0));
+            CHECK(kvt_step_append(step, l, k + (size_t)(s % chunk) * row, v + (size_t)(s % chunk) * row,
+                                  KVT_DTYPE_F32, 0));
             double t1 = now_s();
-            CHECK(kvt_rerank_recycle(step, l, q));
-            CHECK(kvt_sparse_decode(step, l, q, out_s, lse_s));
+            CHECK(kvt_step_select(step, l, q));
+            CHECK(kvt_step_decode(step, l, q, out_s, lse_s));
             double t2 = now_s();
             t_append += t1 - t0;
             t_sparse += t2 - t1;
@@ -219,7 +219,7 @@ int main(int argc, char **argv)
             if (l + 1 == L) {
                 CHECK(kvt_step_plan(pool, &seq, 1, &dp, &dstep));
                 t0 = now_s();
-                CHECK(kvt_attend(dstep, l, q, out_d, lse_d));
+                CHECK(kvt_step_attend(dstep, l, q, out_d, lse_d));
                 t_dense += now_s() - t0;
                 CHECK(kvt_step_finish(dstep));
                 /* exp(lse_sparse - lse_dense): the share of the full
@@ -237,7 +237,7 @@ int main(int argc, char **argv)
     CHECK(kvt_pool_check(pool));
 
     kvt_stats st = {.struct_size = sizeof st};
-    CHECK(kvt_pool_stats(pool, &st));
+    CHECK(kvt_pool_stats_get(pool, &st));
     double kv_bytes = (double)total * L * H * D * 2 * (double)kvt_dtype_size(dtype);
     printf("sequence: %llu tokens (%u prefill + %u decode)\n",
            (unsigned long long)st.n_tokens, tokens, decode);
@@ -267,9 +267,11 @@ int main(int argc, char **argv)
     printf("decode append: %.1f us per token for all %u layers\n",
            t_append * 1e6 / (decode ? decode : 1), L);
     if (decode) {
+        const char *isa = "?";
+        CHECK(kvt_pool_kernel_isa_get(pool, &isa));
         printf("decode attention (rerank/recycle + sparse decode, %s, %u threads): sparse %.3f ms/layer "
                "(2048-token budget), dense %.3f ms/layer (last layer of each step)\n",
-               kvt_pool_kernel_isa(pool), (unsigned)sysconf(_SC_NPROCESSORS_ONLN), t_sparse * 1e3 / ((double)decode * L),
+               isa, (unsigned)sysconf(_SC_NPROCESSORS_ONLN), t_sparse * 1e3 / ((double)decode * L),
                t_dense * 1e3 / decode);
         printf("softmax mass on the selected pages: %.1f%% (random keys have no structure "
                "to find, so about the budget's share of the tokens: %.1f%%)\n",

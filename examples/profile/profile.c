@@ -394,9 +394,9 @@ static void run_live(const opts *o, const trace_source *src, FILE *trace, kvt_pr
     po.max_seqs = o->seqs;
     po.n_threads = 2;
     kvt_pool *pool;
-    CHECK(kvt_pool_create(&pool, &po));
+    CHECK(kvt_pool_create(&po, &pool));
     kvt_geometry g;
-    CHECK(kvt_pool_geometry(pool, &g));
+    CHECK(kvt_pool_geometry_get(pool, &g));
     *g_out = g;
     const uint32_t H = g.n_kv_heads, Hq = g.n_q_heads, D = g.head_dim, L = g.n_layers;
     kvt_seq_id *ids = xmalloc(o->seqs * sizeof *ids);
@@ -415,7 +415,7 @@ static void run_live(const opts *o, const trace_source *src, FILE *trace, kvt_pr
     so.sink_pages = 1;
     so.local_pages = 1;
     kvt_selector *sel;
-    CHECK(kvt_selector_create(&sel, &g, &so));
+    CHECK(kvt_selector_create(&g, &so, &sel));
     kvt_step_opts to;
     CHECK(kvt_step_opts_init(&to));
     to.selector = sel;
@@ -434,17 +434,17 @@ static void run_live(const opts *o, const trace_source *src, FILE *trace, kvt_pr
                         v + (size_t)s * H * D);
                 src->q(src->ctx, s, l, step, q + (size_t)s * Hq * D);
             }
-            CHECK(kvt_append(st, l, k, v, KVT_DTYPE_F32, 0));
+            CHECK(kvt_step_append(st, l, k, v, KVT_DTYPE_F32, 0));
             CHECK(kvt_step_select(st, l, q));
             if (!trace)
                 continue;
             for (uint32_t s = 0; s < o->seqs; s++) {
                 uint32_t T;
-                CHECK(kvt_seq_length(pool, ids[s], l, &T));
+                CHECK(kvt_seq_length_get(pool, ids[s], l, &T));
                 const uint32_t np = (T + o->P - 1) / o->P;
                 for (uint32_t h = 0; h < H; h++) {
                     uint32_t n, m = 0, forced = 0;
-                    CHECK(kvt_step_selection(st, l, s, h, sel_pages, cap, &n, NULL));
+                    CHECK(kvt_step_selection_get(st, l, s, h, sel_pages, cap, &n, NULL));
                     /* The top-K part: without the sink page, the local page
                      * and a partial last page. */
                     for (uint32_t p = 0; p < np; p++)
@@ -518,7 +518,7 @@ static void print_profile(const kvt_policy *pol, uint64_t ctx)
     fputs(text, stdout);
     free(text);
     kvt_geometry g;
-    CHECK(kvt_policy_geometry(pol, &g));
+    CHECK(kvt_policy_geometry_get(pol, &g));
     printf("class map (U = unstable; a digit = a stable head's window):\n");
     for (uint32_t l = 0; l < g.n_layers; l++) {
         printf("  layer %3u:", l);
@@ -526,7 +526,7 @@ static void print_profile(const kvt_policy *pol, uint64_t ctx)
             kvt_policy_head_info info;
             memset(&info, 0, sizeof info);
             info.struct_size = sizeof info;
-            CHECK(kvt_policy_head(pol, l, h, &info));
+            CHECK(kvt_policy_head_get(pol, l, h, &info));
             if (info.head_class == KVT_HEAD_UNSTABLE)
                 printf(" U");
             else if (info.window < 10)
@@ -547,7 +547,7 @@ static kvt_profiler *new_profiler(const opts *o, const kvt_geometry *g)
     po.bottom_fraction = o->bottom_fraction;
     po.max_streams = 1u << 20;
     kvt_profiler *p;
-    CHECK(kvt_profiler_create(&p, g, &po));
+    CHECK(kvt_profiler_create(g, &po, &p));
     return p;
 }
 
@@ -561,7 +561,7 @@ static void finish_profile(const opts *o, const kvt_profiler *prof, const kvt_ge
             kvt_profiler_head_stats st;
             memset(&st, 0, sizeof st);
             st.struct_size = sizeof st;
-            CHECK(kvt_profiler_head(prof, l, h, &st));
+            CHECK(kvt_profiler_head_get(prof, l, h, &st));
             kmax = st.k_max > kmax ? st.k_max : kmax;
         }
     base.top_k_pages = o->top_k ? o->top_k : kmax;
@@ -692,7 +692,7 @@ static int cmd_build(const opts *o)
 static int cmd_show(const opts *o)
 {
     kvt_policy *pol;
-    CHECK(kvt_policy_load(&pol, o->inputs[0], NULL));
+    CHECK(kvt_policy_load(o->inputs[0], NULL, &pol));
     print_profile(pol, o->ctx);
     kvt_policy_destroy(pol);
     return 0;
@@ -704,9 +704,9 @@ static int cmd_compare(const opts *o)
     kvt_policy **pol = xmalloc(n * sizeof *pol);
     kvt_geometry g0;
     for (uint32_t i = 0; i < n; i++) {
-        CHECK(kvt_policy_load(&pol[i], o->inputs[i], i ? &g0 : NULL));
+        CHECK(kvt_policy_load(o->inputs[i], i ? &g0 : NULL, &pol[i]));
         if (i == 0)
-            CHECK(kvt_policy_geometry(pol[0], &g0));
+            CHECK(kvt_policy_geometry_get(pol[0], &g0));
     }
     const uint32_t nh = g0.n_layers * g0.n_kv_heads;
     uint8_t *u = xmalloc((size_t)n * nh);
@@ -716,7 +716,7 @@ static int cmd_compare(const opts *o)
             kvt_policy_head_info info;
             memset(&info, 0, sizeof info);
             info.struct_size = sizeof info;
-            CHECK(kvt_policy_head(pol[i], h / g0.n_kv_heads, h % g0.n_kv_heads, &info));
+            CHECK(kvt_policy_head_get(pol[i], h / g0.n_kv_heads, h % g0.n_kv_heads, &info));
             u[(size_t)i * nh + h] = info.head_class == KVT_HEAD_UNSTABLE;
             cnt[i] += u[(size_t)i * nh + h];
         }

@@ -60,13 +60,11 @@ int main(void)
     F(kvt_pool_opts, n_threads);
     F(kvt_pool_opts, flags);
     F(kvt_pool_opts, cuda_device);
-    F(kvt_pool_opts, reserved0);
+    F(kvt_pool_opts, target_seqs);
     F(kvt_pool_opts, mover);
     F(kvt_pool_opts, policy);
     F(kvt_pool_opts, selector);
     F(kvt_pool_opts, target_tokens);
-    F(kvt_pool_opts, target_seqs);
-    F(kvt_pool_opts, reserved1);
     end();
 
     S(kvt_pool_sizing, KVT_POOL_SIZING);
@@ -197,11 +195,11 @@ int main(void)
     F(kvt_step_opts, struct_size);
     F(kvt_step_opts, flags);
     F(kvt_step_opts, selector);
-    F(kvt_step_opts, scale);
-    F(kvt_step_opts, reserved);
     F(kvt_step_opts, policy);
     F(kvt_step_opts, profiler);
     F(kvt_step_opts, stream);
+    F(kvt_step_opts, scale);
+    F(kvt_step_opts, reserved);
     end();
 
     S(kvt_mover_opts, KVT_MOVER_OPTS);

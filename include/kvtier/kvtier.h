@@ -11,7 +11,7 @@
 #include "kvtier/pool.h"
 #include "kvtier/selector.h"
 #include "kvtier/policy.h"
-#include "kvtier/kernels.h"
+#include "kvtier/step.h"
 #include "kvtier/mover.h"
 
 #endif /* KVTIER_KVTIER_H */

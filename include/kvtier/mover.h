@@ -1,7 +1,7 @@
 /* libkvtier - the tier mover: asynchronous page moves between the device,
  * host and disk tiers of a pool.
  *
- * Every pool owns one mover (kvt_pool_mover); its options come with the
+ * Every pool owns one mover (kvt_pool_mover_get); its options come with the
  * pool's (kvt_pool_opts.mover). A batch of moves is submitted at once and
  * named by a fence; kvt_mover_poll and kvt_mover_wait tell when it is done
  * and apply its results to the pool's block tables.
@@ -69,7 +69,7 @@ typedef struct kvt_mover_opts {
 KVT_API int kvt_mover_opts_init(kvt_mover_opts *opts);
 
 /* The pool's mover; valid until kvt_pool_destroy. */
-KVT_API int kvt_pool_mover(kvt_pool *pool, kvt_mover **out);
+KVT_API int kvt_pool_mover_get(kvt_pool *pool, kvt_mover **out);
 
 /* One page move. The page is (seq, layer, kv_head, page); it must be full
  * (the partially filled last page of a (layer, head) never moves) and have
@@ -150,7 +150,7 @@ KVT_API int kvt_mover_stats_get(const kvt_mover *mover, kvt_mover_stats *stats);
  * stores the length without the NUL in *len (when len is not NULL).
  * KVT_ENOENT when the pool has no disk tier; KVT_ERANGE (with *len set)
  * when cap is too small. */
-KVT_API int kvt_pool_disk_path(const kvt_pool *pool, char *buf, size_t cap, size_t *len);
+KVT_API int kvt_pool_disk_path_get(const kvt_pool *pool, char *buf, size_t cap, size_t *len);
 
 #ifdef __cplusplus
 }

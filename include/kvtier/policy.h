@@ -77,12 +77,12 @@ typedef struct kvt_policy_heads {
 
 /* A policy in which every head has the options' values (opts may be NULL
  * for the defaults: every head stable, interval 16). */
-KVT_API int kvt_policy_create(kvt_policy **out, const kvt_geometry *geom,
-                              const kvt_policy_opts *opts);
+KVT_API int kvt_policy_create(const kvt_geometry *geom, const kvt_policy_opts *opts,
+                              kvt_policy **out);
 /* A policy from per-head arrays; opts (may be NULL) fills what heads
  * leaves NULL. */
-KVT_API int kvt_policy_create_heads(kvt_policy **out, const kvt_geometry *geom,
-                                    const kvt_policy_opts *opts, const kvt_policy_heads *heads);
+KVT_API int kvt_policy_create_heads(const kvt_geometry *geom, const kvt_policy_opts *opts,
+                                    const kvt_policy_heads *heads, kvt_policy **out);
 /* Accepts NULL. */
 KVT_API void kvt_policy_destroy(kvt_policy *pol);
 
@@ -100,19 +100,19 @@ typedef struct kvt_policy_head_info {
     uint32_t reserved;         /* set to zero */
 } kvt_policy_head_info;
 
-KVT_API int kvt_policy_head(const kvt_policy *pol, uint32_t layer, uint32_t kv_head,
-                            kvt_policy_head_info *info);
+KVT_API int kvt_policy_head_get(const kvt_policy *pol, uint32_t layer, uint32_t kv_head,
+                                kvt_policy_head_info *info);
 /* The policy's geometry (defaults resolved). */
-KVT_API int kvt_policy_geometry(const kvt_policy *pol, kvt_geometry *out);
+KVT_API int kvt_policy_geometry_get(const kvt_policy *pol, kvt_geometry *out);
 /* Number of heads of class head_class. */
-KVT_API int kvt_policy_count(const kvt_policy *pol, kvt_head_class head_class,
-                             uint32_t *n_heads);
+KVT_API int kvt_policy_count_get(const kvt_policy *pol, kvt_head_class head_class,
+                                 uint32_t *n_heads);
 /* KV pages one sequence of ctx_tokens tokens keeps on the device under the
  * policy, summed over all (layer, head): every page of an unstable head;
  * sink, local, a partial last page and top_k_pages * window pages by score
  * of a stable head. *total_pages (may be NULL) receives all of its pages. */
-KVT_API int kvt_policy_device_pages(const kvt_policy *pol, uint64_t ctx_tokens,
-                                    uint64_t *device_pages, uint64_t *total_pages);
+KVT_API int kvt_policy_device_pages_get(const kvt_policy *pol, uint64_t ctx_tokens,
+                                        uint64_t *device_pages, uint64_t *total_pages);
 /* A readable summary (heads per class, budgets, device memory at
  * ctx_tokens tokens per sequence when ctx_tokens > 0) as NUL-terminated
  * text, snprintf style: at most cap bytes are written (buf may be NULL when
@@ -131,12 +131,12 @@ KVT_API int kvt_policy_save_buffer(const kvt_policy *pol, void *buf, size_t cap,
  * a profile of another geometry is KVT_EINVAL. A damaged profile (bad
  * magic, truncated, checksum, bad field) is KVT_ECORRUPT; a newer format
  * version is KVT_EINVAL. */
-KVT_API int kvt_policy_load_buffer(kvt_policy **out, const void *data, size_t size,
-                                   const kvt_geometry *expect);
+KVT_API int kvt_policy_load_buffer(const void *data, size_t size, const kvt_geometry *expect,
+                                   kvt_policy **out);
 /* The same through a file: written to a temporary file beside path, synced
  * and renamed over path. */
 KVT_API int kvt_policy_save(const kvt_policy *pol, const char *path);
-KVT_API int kvt_policy_load(kvt_policy **out, const char *path, const kvt_geometry *expect);
+KVT_API int kvt_policy_load(const char *path, const kvt_geometry *expect, kvt_policy **out);
 
 /* ---- the profiler ------------------------------------------------------- */
 typedef struct kvt_profiler_opts {
@@ -153,8 +153,8 @@ typedef struct kvt_profiler_opts {
 #define KVT_PROFILER_OPTS_INIT { (uint32_t)sizeof(kvt_profiler_opts), 16u, 0.25, 0.25, 1024u, 0u }
 KVT_API int kvt_profiler_opts_init(kvt_profiler_opts *opts);
 
-KVT_API int kvt_profiler_create(kvt_profiler **out, const kvt_geometry *geom,
-                                const kvt_profiler_opts *opts);
+KVT_API int kvt_profiler_create(const kvt_geometry *geom, const kvt_profiler_opts *opts,
+                                kvt_profiler **out);
 /* Accepts NULL. */
 KVT_API void kvt_profiler_destroy(kvt_profiler *prof);
 
@@ -183,8 +183,8 @@ typedef struct kvt_profiler_head_stats {
                                                pages, w = 1..4 */
 } kvt_profiler_head_stats;
 
-KVT_API int kvt_profiler_head(const kvt_profiler *prof, uint32_t layer, uint32_t kv_head,
-                              kvt_profiler_head_stats *stats);
+KVT_API int kvt_profiler_head_get(const kvt_profiler *prof, uint32_t layer, uint32_t kv_head,
+                                  kvt_profiler_head_stats *stats);
 
 /* Builds a policy: the round(unstable_fraction * heads) heads of highest
  * instability become UNSTABLE, the others STABLE; budgets and intervals

@@ -57,11 +57,10 @@ typedef struct kvt_pool_opts {
     uint32_t n_threads;          /* worker threads, <= 1024; 0 = online CPUs */
     uint32_t flags;              /* KVT_POOL_* */
     int32_t cuda_device;         /* device ordinal for the CUDA backend */
-    uint32_t reserved0;          /* must be zero */
+    uint32_t target_seqs;        /* with target_tokens: the sequences the
+                                    device tier is sized for; 0 = 1 */
     const struct kvt_mover_opts *mover; /* tier mover options; NULL = defaults
                                            (kvtier/mover.h) */
-    /* Fields below were appended to the second version (which stays
-     * accepted: its struct_size reads them as zero). */
     const struct kvt_policy *policy;  /* tiered placement by head class
                                          (kvtier/policy.h); requires a host
                                          tier; must outlive the pool. NULL =
@@ -73,13 +72,11 @@ typedef struct kvt_pool_opts {
     uint64_t target_tokens;      /* with device_bytes 0 and a policy: size the
                                     device tier for target_seqs sequences of
                                     target_tokens tokens (kvt_pool_sizing_get) */
-    uint32_t target_seqs;        /* 0 = 1 when target_tokens is set */
-    uint32_t reserved1;          /* must be zero */
 } kvt_pool_opts;
 
 /* Positional form for C; C++ code should call kvt_pool_opts_init(). */
 #define KVT_POOL_OPTS_INIT { (uint32_t)sizeof(kvt_pool_opts), 0, {0, 0, 0, 0, 0, 0, {0, 0}}, \
-                             0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
+                             0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
 
 /* Fills *opts with the defaults, written out (page_tokens 16, f16, the
  * sequence limits); n_layers, n_kv_heads, head_dim and device_bytes stay 0
@@ -118,11 +115,11 @@ KVT_API int kvt_pool_sizing_get(const kvt_pool_opts *opts, kvt_pool_sizing *out)
 
 /* Creates a pool. Allocates the device tier (a DRAM arena on the CPU
  * backend), the host tier (libnuma arena) and the metadata store. */
-KVT_API int kvt_pool_create(kvt_pool **out, const kvt_pool_opts *opts);
+KVT_API int kvt_pool_create(const kvt_pool_opts *opts, kvt_pool **out);
 /* Releases every sequence and all memory. Accepts NULL. */
 KVT_API void kvt_pool_destroy(kvt_pool *pool);
 /* The pool's geometry with defaults resolved. */
-KVT_API int kvt_pool_geometry(const kvt_pool *pool, kvt_geometry *out);
+KVT_API int kvt_pool_geometry_get(const kvt_pool *pool, kvt_geometry *out);
 
 /* Per-tier occupancy. */
 typedef struct kvt_tier_stats {
@@ -175,7 +172,13 @@ typedef struct kvt_stats {
 } kvt_stats;
 
 /* Fills the first stats->struct_size bytes of *stats. */
-KVT_API int kvt_pool_stats(const kvt_pool *pool, kvt_stats *stats);
+KVT_API int kvt_pool_stats_get(const kvt_pool *pool, kvt_stats *stats);
+
+/* *isa = the instruction set the pool's CPU kernels use: "avx512", "avx2" or
+ * "portable" (a static string). Chosen at pool creation from cpuid; the
+ * environment variable KVTIER_SIMD=avx512|avx2|portable caps it (for tests
+ * and benchmarks). */
+KVT_API int kvt_pool_kernel_isa_get(const kvt_pool *pool, const char **isa);
 
 /* Verifies every internal invariant: block tables, free lists, residency,
  * metadata slots, counters, and that each page of each live sequence is
@@ -226,8 +229,8 @@ typedef struct kvt_seq_info {
 KVT_API int kvt_seq_info_get(const kvt_pool *pool, kvt_seq_id seq, kvt_seq_info *info);
 
 /* Tokens appended to one layer of the sequence. */
-KVT_API int kvt_seq_length(const kvt_pool *pool, kvt_seq_id seq, uint32_t layer,
-                           uint32_t *n_tokens);
+KVT_API int kvt_seq_length_get(const kvt_pool *pool, kvt_seq_id seq, uint32_t layer,
+                               uint32_t *n_tokens);
 
 /* Importance-guided warm-up after prefill (tiered pools: a policy and a
  * selector in the pool options). obs_queries holds the queries of the last
@@ -242,7 +245,7 @@ KVT_API int kvt_seq_length(const kvt_pool *pool, kvt_seq_id seq, uint32_t layer,
  * it keeps there. The importance also seeds each head's first selection
  * (its top_k_pages best), so the first step need not rescore. Copies to the
  * device tier run asynchronously: the sequence is not ready
- * (kvt_step_ready) until they land. KVT_ESTATE while a step is open. */
+ * (kvt_step_ready_get) until they land. KVT_ESTATE while a step is open. */
 KVT_API int kvt_seq_warmup(kvt_pool *pool, kvt_seq_id seq, const float *obs_queries,
                            uint32_t n_obs);
 
@@ -250,10 +253,10 @@ KVT_API int kvt_seq_warmup(kvt_pool *pool, kvt_seq_id seq, const float *obs_quer
  * starting at logical page first_page: the device block of each page
  * (0 = the null block: not on device), its host block (0 = none) and its
  * residency bits (KVT_RES_*). Any output pointer may be NULL. */
-KVT_API int kvt_seq_block_table(const kvt_pool *pool, kvt_seq_id seq, uint32_t layer,
-                                uint32_t kv_head, uint32_t first_page, uint32_t n_pages,
-                                uint32_t *device_blocks, uint32_t *host_blocks,
-                                uint8_t *residency);
+KVT_API int kvt_seq_block_table_get(const kvt_pool *pool, kvt_seq_id seq, uint32_t layer,
+                                    uint32_t kv_head, uint32_t first_page, uint32_t n_pages,
+                                    uint32_t *device_blocks, uint32_t *host_blocks,
+                                    uint8_t *residency);
 
 /* Copies the stored K and V rows of tokens [first_token, first_token +
  * n_tokens) of (seq, layer, kv_head), in the pool's dtype, as
@@ -268,9 +271,9 @@ KVT_API int kvt_seq_read_kv(const kvt_pool *pool, kvt_seq_id seq, uint32_t layer
  * (f32 sum / count, stored rounded to nearest) of the page's keys. A NaN
  * key makes its dimension's box [-inf, +inf], so the box always contains
  * every stored key. Each output holds head_dim floats; any may be NULL. */
-KVT_API int kvt_seq_page_meta(const kvt_pool *pool, kvt_seq_id seq, uint32_t layer,
-                              uint32_t kv_head, uint32_t page,
-                              float *kmin, float *kmax, float *kmean);
+KVT_API int kvt_seq_page_meta_get(const kvt_pool *pool, kvt_seq_id seq, uint32_t layer,
+                                  uint32_t kv_head, uint32_t page,
+                                  float *kmin, float *kmax, float *kmean);
 
 #ifdef __cplusplus
 }

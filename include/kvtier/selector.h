@@ -66,24 +66,24 @@ KVT_API int kvt_selector_opts_init(kvt_selector_opts *opts);
 /* Creates a selector for one model geometry (the pools it serves must have
  * the same n_layers, n_kv_heads, n_q_heads, head_dim and page_tokens).
  * opts may be NULL for the defaults. */
-KVT_API int kvt_selector_create(kvt_selector **out, const kvt_geometry *geom,
-                                const kvt_selector_opts *opts);
+KVT_API int kvt_selector_create(const kvt_geometry *geom, const kvt_selector_opts *opts,
+                                kvt_selector **out);
 /* Accepts NULL. */
 KVT_API void kvt_selector_destroy(kvt_selector *sel);
 
 /* Sets the budget of one (layer, kv_head); KVT_ALL as layer or kv_head sets
  * every layer or head. Each value is at most KVT_SELECT_MAX_PAGES. */
-KVT_API int kvt_selector_set_budget(kvt_selector *sel, uint32_t layer, uint32_t kv_head,
+KVT_API int kvt_selector_budget_set(kvt_selector *sel, uint32_t layer, uint32_t kv_head,
                                     uint32_t top_k_pages, uint32_t sink_pages,
                                     uint32_t local_pages);
 /* Reads the budget of one (layer, kv_head); any output may be NULL. */
-KVT_API int kvt_selector_get_budget(const kvt_selector *sel, uint32_t layer, uint32_t kv_head,
+KVT_API int kvt_selector_budget_get(const kvt_selector *sel, uint32_t layer, uint32_t kv_head,
                                     uint32_t *top_k_pages, uint32_t *sink_pages,
                                     uint32_t *local_pages);
 /* Sets how many steps apart a step plan reranks (layer, kv_head): 1 = every
  * step; between reranks the plan reuses the last top-K pages (sink, local
  * and last pages still follow the sequence). KVT_ALL as above. */
-KVT_API int kvt_selector_set_rerank_interval(kvt_selector *sel, uint32_t layer,
+KVT_API int kvt_selector_rerank_interval_set(kvt_selector *sel, uint32_t layer,
                                              uint32_t kv_head, uint32_t interval);
 
 /* Scores every page of (seq, layer, kv_head) against the queries of the
@@ -97,11 +97,11 @@ KVT_API int kvt_selector_set_rerank_interval(kvt_selector *sel, uint32_t layer,
  *   scores    optional, receives the voted score of every page
  *             ([n_pages] where n_pages = ceil(tokens / page_tokens))
  * A sequence with no tokens in the layer selects nothing. This standalone
- * call allocates scratch; the per-step calls (kvtier/kernels.h) do not. */
-KVT_API int kvt_select(const kvt_selector *sel, const kvt_pool *pool, kvt_seq_id seq,
-                       uint32_t layer, uint32_t kv_head, const float *queries,
-                       uint32_t *pages, uint32_t capacity, uint32_t *n_selected,
-                       float *scores);
+ * call allocates scratch; the per-step calls (kvtier/step.h) do not. */
+KVT_API int kvt_selector_select(const kvt_selector *sel, const kvt_pool *pool, kvt_seq_id seq,
+                                uint32_t layer, uint32_t kv_head, const float *queries,
+                                uint32_t *pages, uint32_t capacity, uint32_t *n_selected,
+                                float *scores);
 
 #ifdef __cplusplus
 }

@@ -16,14 +16,10 @@
 /* Sizes of the first released layouts (0.1): smaller struct_size values are
  * rejected. Pinned, never sizeof of the current struct, so that appending a
  * field keeps old callers working. */
-#define KVT__POOL_OPTS_V1 104u
-#define KVT__POOL_OPTS_V2 112u /* + mover */
-#define KVT__POOL_OPTS_V3 144u /* + policy, selector, target_tokens, target_seqs */
+#define KVT__POOL_OPTS_V1 136u
 #define KVT__POOL_STATS_V1 264u
-_Static_assert(offsetof(kvt_pool_opts, reserved0) + 4 == KVT__POOL_OPTS_V1, "pool opts v1");
-_Static_assert(offsetof(kvt_pool_opts, mover) + 8 == KVT__POOL_OPTS_V2, "pool opts v2");
-_Static_assert(offsetof(kvt_pool_opts, reserved1) + 4 == KVT__POOL_OPTS_V3 &&
-               sizeof(kvt_pool_opts) == KVT__POOL_OPTS_V3, "pool opts v3");
+_Static_assert(offsetof(kvt_pool_opts, target_tokens) + 8 == KVT__POOL_OPTS_V1 &&
+               sizeof(kvt_pool_opts) == KVT__POOL_OPTS_V1, "pool opts v1");
 _Static_assert(offsetof(kvt_stats, moved_requests) + 8 * KVT_NUM_DIRS == KVT__POOL_STATS_V1,
                "stats v1");
 
@@ -77,8 +73,6 @@ static int kvt__validate_opts(const kvt_pool_opts *o, kvt_pool *p)
     if (o->flags & ~KVT__KNOWN_POOL_FLAGS)
         return kvt__err(KVT_EINVAL, "opts->flags: unknown bits 0x%x",
                         o->flags & ~KVT__KNOWN_POOL_FLAGS);
-    if (o->reserved0)
-        return kvt__err(KVT_EINVAL, "opts->reserved0: must be zero");
     if (o->host_numa > KVT_NUMA_INTERLEAVE)
         return kvt__err(KVT_EINVAL, "opts->host_numa: unknown policy %u", o->host_numa);
     if (o->host_numa == KVT_NUMA_NODE && !kvt__numa_node_ok(o->host_numa_node))
@@ -96,8 +90,6 @@ static int kvt__validate_opts(const kvt_pool_opts *o, kvt_pool *p)
     if (o->n_threads > 1024)
         return kvt__err(KVT_EINVAL, "opts->n_threads: %u is above the limit 1024",
                         o->n_threads);
-    if (o->reserved1)
-        return kvt__err(KVT_EINVAL, "opts->reserved1: must be zero");
     if (o->policy) {
         int rc2 = kvt__geometry_same(&o->policy->g, &p->g, "opts->policy", "the policy",
                                      "the pool");
@@ -130,7 +122,7 @@ static int kvt__validate_opts(const kvt_pool_opts *o, kvt_pool *p)
     return 0;
 }
 
-KVT_API int kvt_pool_create(kvt_pool **out, const kvt_pool_opts *opts)
+KVT_API int kvt_pool_create(const kvt_pool_opts *opts, kvt_pool **out)
 {
     kvt_pool_opts o;
     uint32_t n_dev = 0, n_host = 0;
@@ -143,11 +135,6 @@ KVT_API int kvt_pool_create(kvt_pool **out, const kvt_pool_opts *opts)
     rc = kvt__opts_copy(&o, sizeof o, opts, KVT__POOL_OPTS_V1, "opts");
     if (rc)
         return rc;
-    if ((opts->struct_size > KVT__POOL_OPTS_V1 && opts->struct_size < KVT__POOL_OPTS_V2) ||
-        (opts->struct_size > KVT__POOL_OPTS_V2 && opts->struct_size < KVT__POOL_OPTS_V3))
-        return kvt__err(KVT_EINVAL, "opts->struct_size: %u lies between the layouts of %u, %u "
-                        "and %u bytes", opts->struct_size, KVT__POOL_OPTS_V1,
-                        KVT__POOL_OPTS_V2, KVT__POOL_OPTS_V3);
 
     kvt_pool *p = calloc(1, sizeof *p);
     if (!p)
@@ -294,7 +281,7 @@ KVT_API void kvt_pool_destroy(kvt_pool *p)
     free(p);
 }
 
-KVT_API int kvt_pool_geometry(const kvt_pool *pool, kvt_geometry *out)
+KVT_API int kvt_pool_geometry_get(const kvt_pool *pool, kvt_geometry *out)
 {
     KVT__CHECK_NULL(pool);
     KVT__CHECK_NULL(out);
@@ -302,7 +289,7 @@ KVT_API int kvt_pool_geometry(const kvt_pool *pool, kvt_geometry *out)
     return 0;
 }
 
-KVT_API int kvt_pool_stats(const kvt_pool *pool, kvt_stats *stats)
+KVT_API int kvt_pool_stats_get(const kvt_pool *pool, kvt_stats *stats)
 {
     kvt_stats s;
     size_t fill;
@@ -362,11 +349,12 @@ KVT_API int kvt_pool_stats(const kvt_pool *pool, kvt_stats *stats)
 }
 
 /* The ISA of the CPU kernels the pool runs (lib/attn/dispatch.c chose them). */
-KVT_API const char *kvt_pool_kernel_isa(const kvt_pool *pool)
+KVT_API int kvt_pool_kernel_isa_get(const kvt_pool *pool, const char **isa)
 {
-    if (!pool) {
-        kvt__err(KVT_EINVAL, "pool: must not be NULL");
-        return "";
-    }
-    return pool->kern->name;
+    if (!pool)
+        return kvt__err(KVT_EINVAL, "pool: must not be NULL");
+    if (!isa)
+        return kvt__err(KVT_EINVAL, "isa: must not be NULL");
+    *isa = pool->kern->name;
+    return 0;
 }

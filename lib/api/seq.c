@@ -197,8 +197,8 @@ KVT_API int kvt_seq_info_get(const kvt_pool *pool, kvt_seq_id seq, kvt_seq_info 
     return 0;
 }
 
-KVT_API int kvt_seq_length(const kvt_pool *pool, kvt_seq_id seq, uint32_t layer,
-                           uint32_t *n_tokens)
+KVT_API int kvt_seq_length_get(const kvt_pool *pool, kvt_seq_id seq, uint32_t layer,
+                               uint32_t *n_tokens)
 {
     kvt__seq *s;
     KVT__CHECK_NULL(pool);
@@ -210,10 +210,10 @@ KVT_API int kvt_seq_length(const kvt_pool *pool, kvt_seq_id seq, uint32_t layer,
     return 0;
 }
 
-KVT_API int kvt_seq_block_table(const kvt_pool *pool, kvt_seq_id seq, uint32_t layer,
-                                uint32_t kv_head, uint32_t first_page, uint32_t n_pages,
-                                uint32_t *device_blocks, uint32_t *host_blocks,
-                                uint8_t *residency)
+KVT_API int kvt_seq_block_table_get(const kvt_pool *pool, kvt_seq_id seq, uint32_t layer,
+                                    uint32_t kv_head, uint32_t first_page, uint32_t n_pages,
+                                    uint32_t *device_blocks, uint32_t *host_blocks,
+                                    uint8_t *residency)
 {
     kvt__seq *s;
     KVT__CHECK_NULL(pool);
@@ -306,9 +306,9 @@ KVT_API int kvt_seq_read_kv(const kvt_pool *pool, kvt_seq_id seq, uint32_t layer
     return 0;
 }
 
-KVT_API int kvt_seq_page_meta(const kvt_pool *pool, kvt_seq_id seq, uint32_t layer,
-                              uint32_t kv_head, uint32_t page, float *kmin, float *kmax,
-                              float *kmean)
+KVT_API int kvt_seq_page_meta_get(const kvt_pool *pool, kvt_seq_id seq, uint32_t layer,
+                                  uint32_t kv_head, uint32_t page, float *kmin, float *kmax,
+                                  float *kmean)
 {
     kvt__seq *s;
     KVT__CHECK_NULL(pool);
@@ -326,7 +326,7 @@ KVT_API int kvt_seq_page_meta(const kvt_pool *pool, kvt_seq_id seq, uint32_t lay
     uint8_t *copy = NULL;
     if (pool->be_caps & KVT__BE_DEVICE_REMOTE) { /* the metadata store is GPU memory */
         if (!(copy = malloc(pool->meta_bytes)))
-            return kvt__err(KVT_ENOMEM, "kvt_seq_page_meta: cannot allocate a buffer");
+            return kvt__err(KVT_ENOMEM, "kvt_seq_page_meta_get: cannot allocate a buffer");
         if ((rc = pool->be->read(pool, copy, m, pool->meta_bytes))) {
             free(copy);
             return rc;

@@ -88,8 +88,14 @@ typedef struct kvt__backend {
 KVT__HIDDEN extern const kvt__backend kvt__backend_cpu;
 KVT__HIDDEN extern const kvt__backend kvt__backend_cuda;
 
-/* Test hooks of the CUDA backend (tests/gpu). The mover's switch between
- * the copy kernel and cudaMemcpyAsync (bytes; KVT__CU_COPY_KERNEL_MAX). */
+/* Test hooks of the CUDA backend (tests/gpu), only in the test libraries
+ * (-DKVT_TEST_HOOKS: libkvtier-hooks.a and the emulation library); the
+ * installed library has the constants below in their place and counts
+ * nothing. KVT__HOOK(stmt) runs stmt only in a test build. */
+#ifdef KVT_TEST_HOOKS
+#define KVT__HOOK(stmt) stmt
+/* The mover's switch between the copy kernel and cudaMemcpyAsync (bytes;
+ * KVT__CU_COPY_KERNEL_MAX). */
 KVT__HIDDEN extern size_t kvt__cuda_copy_kernel_max;
 /* Each copier sleeps this long before issuing a round (0: not at all). */
 KVT__HIDDEN extern uint32_t kvt__cuda_mv_delay_us;
@@ -102,5 +108,8 @@ KVT__HIDDEN extern uint64_t kvt__cuda_ready_first;
 KVT__HIDDEN extern bool kvt__cuda_pin_refuse;
 /* Bytes of raw scores per GPU scoring call of the warm-up (64 MiB). */
 KVT__HIDDEN extern size_t kvt__cuda_warm_budget;
+#else
+#define KVT__HOOK(stmt) ((void)0)
+#endif
 
 #endif /* KVTIER_BACKEND_H */

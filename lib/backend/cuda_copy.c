@@ -21,7 +21,35 @@ typedef struct kvt__cu_mv {
     bool to_dev;       /* the round copies into the device tier */
 } kvt__cu_mv;
 
+#ifdef KVT_TEST_HOOKS
 size_t kvt__cuda_copy_kernel_max = KVT__CU_COPY_KERNEL_MAX;
+uint32_t kvt__cuda_mv_delay_us;
+uint32_t kvt__cuda_mv_fail_rounds;
+bool kvt__cuda_pin_refuse;
+size_t kvt__cuda_warm_budget = KVT__CU_WARM_BUDGET;
+#define KVT__COPY_KERNEL_MAX kvt__cuda_copy_kernel_max
+#define KVT__WARM_BUDGET kvt__cuda_warm_budget
+
+/* The hooks' effect on a round: fail it (rounds into the device tier
+ * while kvt__cuda_mv_fail_rounds lasts) and hold it back. */
+static void kvt__mv_hooks(kvt__cu_mv *m)
+{
+    uint32_t fail = m->to_dev ? __atomic_load_n(&kvt__cuda_mv_fail_rounds, __ATOMIC_RELAXED) : 0;
+    while (fail && !__atomic_compare_exchange_n(&kvt__cuda_mv_fail_rounds, &fail, fail - 1u,
+                                                false, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+        ;
+    if (fail && !m->err)
+        m->err = kvt__err(KVT_EIO, "device copy: a round of %u copies failed (test hook)", m->n);
+    const uint32_t us = __atomic_load_n(&kvt__cuda_mv_delay_us, __ATOMIC_RELAXED);
+    if (us && m->n) {
+        const struct timespec ts = {(time_t)(us / 1000000u), (long)(us % 1000000u) * 1000L};
+        (void)nanosleep(&ts, NULL);
+    }
+}
+#else
+#define KVT__COPY_KERNEL_MAX ((size_t)KVT__CU_COPY_KERNEL_MAX)
+#define KVT__WARM_BUDGET ((size_t)KVT__CU_WARM_BUDGET)
+#endif
 
 int kvt__cuda_mv_stream(const kvt_pool *p, void **out)
 {
@@ -110,32 +138,19 @@ int kvt__cuda_mv_copy(const kvt_pool *p, void *h, void *after, void *dst, const 
  * one launch of the zero-copy kernel, the others with cudaMemcpyAsync.
  * The stream is waited for even after an error, so no copy is still
  * landing when the caller reuses or frees a block. */
-uint32_t kvt__cuda_mv_delay_us;
-uint32_t kvt__cuda_mv_fail_rounds;
-
 int kvt__cuda_mv_sync(const kvt_pool *p, void *h)
 {
     kvt__cu_mv *m = h;
     if (!m) /* the copier could not be made: its error is reported already */
         return 0;
-    uint32_t fail = m->to_dev ? __atomic_load_n(&kvt__cuda_mv_fail_rounds, __ATOMIC_RELAXED) : 0;
-    while (fail && !__atomic_compare_exchange_n(&kvt__cuda_mv_fail_rounds, &fail, fail - 1u,
-                                                false, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
-        ;
-    if (fail && !m->err)
-        m->err = kvt__err(KVT_EIO, "device copy: a round of %u copies failed (test hook)", m->n);
+    KVT__HOOK(kvt__mv_hooks(m));
     m->to_dev = false;
-    const uint32_t us = __atomic_load_n(&kvt__cuda_mv_delay_us, __ATOMIC_RELAXED);
-    if (us && m->n) {
-        const struct timespec ts = {(time_t)(us / 1000000u), (long)(us % 1000000u) * 1000L};
-        (void)nanosleep(&ts, NULL);
-    }
     const bool direct = p->cu->uva_direct;
     uint32_t nk = 0;
     int rc = m->err;
     for (uint32_t i = 0; i < m->n; i++) { /* kernel copies to the front */
         kvt__cu_copy c = m->list[i];
-        if (direct && !(c.bytes >> 63) && c.bytes <= kvt__cuda_copy_kernel_max) {
+        if (direct && !(c.bytes >> 63) && c.bytes <= KVT__COPY_KERNEL_MAX) {
             m->list[i] = m->list[nk];
             m->list[nk++] = c;
         }
@@ -153,12 +168,12 @@ int kvt__cuda_mv_sync(const kvt_pool *p, void *h)
     return rc ? rc : e2;
 }
 
-bool kvt__cuda_pin_refuse;
-
 int kvt__cuda_host_pin(const kvt_pool *p, void *h, size_t bytes)
 {
+#ifdef KVT_TEST_HOOKS
     if (kvt__cuda_pin_refuse)
         return kvt__err(KVT_EIO, "cudaHostRegister: refused by the test hook");
+#endif
     int rc = kvt__cu_set_device(p->cu->device);
     return rc ? rc : kvt__cu_host_register(h, bytes);
 }
@@ -192,9 +207,6 @@ static int kvt__warm_dev(void **d, size_t *cap, size_t bytes)
     return rc;
 }
 
-/* Bytes of raw scores one call of kvt__cu_warm may hold (the queries are
- * split into calls below this). */
-size_t kvt__cuda_warm_budget = (size_t)64 << 20;
 
 int kvt__cuda_warm_imp(kvt_pool *p, kvt__seq *s, const float *obs, uint32_t n_obs, float *imp,
                        size_t stride)
@@ -230,7 +242,7 @@ int kvt__cuda_warm_imp(kvt_pool *p, kvt__seq *s, const float *obs, uint32_t n_ob
         /* Queries per call: one call's scores and query rows within the
          * budget (and, for the fallback kernel, within its grid). */
         const uint64_t per_obs = (uint64_t)nh * G * ((uint64_t)np + W) * sizeof(float);
-        uint64_t oc64 = kvt__cuda_warm_budget / per_obs;
+        uint64_t oc64 = KVT__WARM_BUDGET / per_obs;
         if (!c->blas && oc64 > 65535ull * 16u / G)
             oc64 = 65535ull * 16u / G;
         const uint32_t oc = oc64 < 1 ? 1u : (oc64 > n_obs ? n_obs : (uint32_t)oc64);

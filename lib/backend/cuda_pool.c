@@ -12,7 +12,7 @@
  * host never rewrites what a queued upload will read), queue their upload to
  * device copies on the step's stream and launch; nothing
  * waits for the GPU except the calls that return data to the host
- * (kvt_step_selection, kvt_seq_read_kv, kvt_seq_page_meta, kvt_pool_check)
+ * (kvt_step_selection_get, kvt_seq_read_kv, kvt_seq_page_meta_get, kvt_pool_check)
  * and a prefill kvt_seq_append, which returns once its kernel has read the
  * caller's rows. The next plan waits for the previous step's event before
  * reusing the pinned arrays.

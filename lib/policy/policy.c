@@ -146,8 +146,8 @@ int kvt__policy_opts_get(kvt_policy_opts *o, const kvt_policy_opts *opts, const 
                            o->local_pages, 1, what, 0, 0, 0);
 }
 
-KVT_API int kvt_policy_create_heads(kvt_policy **out, const kvt_geometry *geom,
-                                    const kvt_policy_opts *opts, const kvt_policy_heads *heads)
+KVT_API int kvt_policy_create_heads(const kvt_geometry *geom, const kvt_policy_opts *opts,
+                                    const kvt_policy_heads *heads, kvt_policy **out)
 {
     KVT__CHECK_NULL(out);
     *out = NULL;
@@ -187,8 +187,8 @@ KVT_API int kvt_policy_create_heads(kvt_policy **out, const kvt_geometry *geom,
     return rc;
 }
 
-KVT_API int kvt_policy_create(kvt_policy **out, const kvt_geometry *geom,
-                              const kvt_policy_opts *opts)
+KVT_API int kvt_policy_create(const kvt_geometry *geom, const kvt_policy_opts *opts,
+                              kvt_policy **out)
 {
     KVT__CHECK_NULL(out);
     *out = NULL;
@@ -204,7 +204,7 @@ KVT_API int kvt_policy_create(kvt_policy **out, const kvt_geometry *geom,
     memset(&hd, 0, sizeof hd);
     hd.struct_size = (uint32_t)sizeof hd;
     hd.n_heads = g.n_layers * g.n_kv_heads;
-    return kvt_policy_create_heads(out, &g, &o, &hd);
+    return kvt_policy_create_heads(&g, &o, &hd, out);
 }
 
 KVT_API void kvt_policy_destroy(kvt_policy *pol)
@@ -226,8 +226,8 @@ static int kvt__policy_at(const kvt_policy *pol, uint32_t layer, uint32_t kv_hea
     return 0;
 }
 
-KVT_API int kvt_policy_head(const kvt_policy *pol, uint32_t layer, uint32_t kv_head,
-                            kvt_policy_head_info *info)
+KVT_API int kvt_policy_head_get(const kvt_policy *pol, uint32_t layer, uint32_t kv_head,
+                                kvt_policy_head_info *info)
 {
     size_t i = 0, fill = 0;
     KVT__CHECK_NULL(pol);
@@ -250,7 +250,7 @@ KVT_API int kvt_policy_head(const kvt_policy *pol, uint32_t layer, uint32_t kv_h
     return 0;
 }
 
-KVT_API int kvt_policy_geometry(const kvt_policy *pol, kvt_geometry *out)
+KVT_API int kvt_policy_geometry_get(const kvt_policy *pol, kvt_geometry *out)
 {
     KVT__CHECK_NULL(pol);
     KVT__CHECK_NULL(out);
@@ -258,8 +258,8 @@ KVT_API int kvt_policy_geometry(const kvt_policy *pol, kvt_geometry *out)
     return 0;
 }
 
-KVT_API int kvt_policy_count(const kvt_policy *pol, kvt_head_class head_class,
-                             uint32_t *n_heads)
+KVT_API int kvt_policy_count_get(const kvt_policy *pol, kvt_head_class head_class,
+                                 uint32_t *n_heads)
 {
     KVT__CHECK_NULL(pol);
     KVT__CHECK_NULL(n_heads);
@@ -270,7 +270,7 @@ KVT_API int kvt_policy_count(const kvt_policy *pol, kvt_head_class head_class,
 }
 
 /* Device pages of one head for a sequence of np pages whose last page is
- * partial or not: the rule of kvt_select (sink, local, partial last page,
+ * partial or not: the rule of kvt_selector_select (sink, local, partial last page,
  * then top-K), with top_k * window pages by score. */
 static uint64_t kvt__head_device_pages(const kvt_policy *pol, size_t i, uint64_t np,
                                        bool partial)
@@ -287,8 +287,8 @@ static uint64_t kvt__head_device_pages(const kvt_policy *pol, size_t i, uint64_t
     return f + (kw < rest ? kw : rest);
 }
 
-KVT_API int kvt_policy_device_pages(const kvt_policy *pol, uint64_t ctx_tokens,
-                                    uint64_t *device_pages, uint64_t *total_pages)
+KVT_API int kvt_policy_device_pages_get(const kvt_policy *pol, uint64_t ctx_tokens,
+                                        uint64_t *device_pages, uint64_t *total_pages)
 {
     KVT__CHECK_NULL(pol);
     KVT__CHECK_NULL(device_pages);
@@ -352,7 +352,7 @@ KVT_API int kvt_policy_describe(const kvt_policy *pol, uint64_t ctx_tokens, char
         return kvt__err(KVT_EINVAL, "buf: NULL with cap %zu", cap);
     uint64_t dev = 0, total = 0;
     if (ctx_tokens) {
-        int rc = kvt_policy_device_pages(pol, ctx_tokens, &dev, &total);
+        int rc = kvt_policy_device_pages_get(pol, ctx_tokens, &dev, &total);
         if (rc)
             return rc;
     }

@@ -92,8 +92,8 @@ static int kvt__zero(const uint8_t *p, size_t n)
     return 1;
 }
 
-KVT_API int kvt_policy_load_buffer(kvt_policy **out, const void *data, size_t size,
-                                   const kvt_geometry *expect)
+KVT_API int kvt_policy_load_buffer(const void *data, size_t size, const kvt_geometry *expect,
+                                   kvt_policy **out)
 {
     KVT__CHECK_NULL(out);
     *out = NULL;
@@ -241,7 +241,7 @@ out:
     return rc;
 }
 
-KVT_API int kvt_policy_load(kvt_policy **out, const char *path, const kvt_geometry *expect)
+KVT_API int kvt_policy_load(const char *path, const kvt_geometry *expect, kvt_policy **out)
 {
     KVT__CHECK_NULL(out);
     *out = NULL;
@@ -285,7 +285,7 @@ KVT_API int kvt_policy_load(kvt_policy **out, const char *path, const kvt_geomet
             break; /* shrank under us: parse what is there */
         got += (size_t)r;
     }
-    rc = kvt_policy_load_buffer(out, b, got, expect);
+    rc = kvt_policy_load_buffer(b, got, expect, out);
     if (rc) {
         char why[512];
         snprintf(why, sizeof why, "%s", kvt_last_error());

@@ -93,8 +93,8 @@ static uint32_t kvt__round_share(double f, uint32_t n)
     return x >= n ? n : (uint32_t)x;
 }
 
-KVT_API int kvt_profiler_create(kvt_profiler **out, const kvt_geometry *geom,
-                                const kvt_profiler_opts *opts)
+KVT_API int kvt_profiler_create(const kvt_geometry *geom, const kvt_profiler_opts *opts,
+                                kvt_profiler **out)
 {
     kvt_profiler_opts o;
     KVT__CHECK_NULL(out);
@@ -496,8 +496,8 @@ static void kvt__head_sum(const kvt_profiler *p, size_t hi, kvt_profiler_head_st
     r->instability = p->ranked_total ? (double)r->bottom / (double)p->ranked_total : 0.0;
 }
 
-KVT_API int kvt_profiler_head(const kvt_profiler *prof, uint32_t layer, uint32_t kv_head,
-                              kvt_profiler_head_stats *stats)
+KVT_API int kvt_profiler_head_get(const kvt_profiler *prof, uint32_t layer, uint32_t kv_head,
+                                  kvt_profiler_head_stats *stats)
 {
     size_t fill;
     KVT__CHECK_NULL(prof);

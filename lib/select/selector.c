@@ -41,8 +41,8 @@ static int kvt__budget_check(uint32_t k, uint32_t sink, uint32_t local, const ch
     return 0;
 }
 
-KVT_API int kvt_selector_create(kvt_selector **out, const kvt_geometry *geom,
-                                const kvt_selector_opts *opts)
+KVT_API int kvt_selector_create(const kvt_geometry *geom, const kvt_selector_opts *opts,
+                                kvt_selector **out)
 {
     kvt_selector_opts o;
     KVT__CHECK_NULL(out);
@@ -133,7 +133,7 @@ static int kvt__sel_range(const kvt_selector *sel, uint32_t layer, uint32_t head
     return 0;
 }
 
-KVT_API int kvt_selector_set_budget(kvt_selector *sel, uint32_t layer, uint32_t kv_head,
+KVT_API int kvt_selector_budget_set(kvt_selector *sel, uint32_t layer, uint32_t kv_head,
                                     uint32_t top_k_pages, uint32_t sink_pages,
                                     uint32_t local_pages)
 {
@@ -155,7 +155,7 @@ KVT_API int kvt_selector_set_budget(kvt_selector *sel, uint32_t layer, uint32_t 
     return 0;
 }
 
-KVT_API int kvt_selector_get_budget(const kvt_selector *sel, uint32_t layer, uint32_t kv_head,
+KVT_API int kvt_selector_budget_get(const kvt_selector *sel, uint32_t layer, uint32_t kv_head,
                                     uint32_t *top_k_pages, uint32_t *sink_pages,
                                     uint32_t *local_pages)
 {
@@ -174,7 +174,7 @@ KVT_API int kvt_selector_get_budget(const kvt_selector *sel, uint32_t layer, uin
     return 0;
 }
 
-KVT_API int kvt_selector_set_rerank_interval(kvt_selector *sel, uint32_t layer,
+KVT_API int kvt_selector_rerank_interval_set(kvt_selector *sel, uint32_t layer,
                                              uint32_t kv_head, uint32_t interval)
 {
     uint32_t l0 = 0, l1 = 0, h0 = 0, h1 = 0;
@@ -382,10 +382,10 @@ uint32_t kvt__sel_pick(uint32_t np, uint32_t tokens, uint32_t P, uint32_t k, uin
     return n;
 }
 
-KVT_API int kvt_select(const kvt_selector *sel, const kvt_pool *pool, kvt_seq_id seq,
-                       uint32_t layer, uint32_t kv_head, const float *queries,
-                       uint32_t *pages, uint32_t capacity, uint32_t *n_selected,
-                       float *scores)
+KVT_API int kvt_selector_select(const kvt_selector *sel, const kvt_pool *pool, kvt_seq_id seq,
+                                uint32_t layer, uint32_t kv_head, const float *queries,
+                                uint32_t *pages, uint32_t capacity, uint32_t *n_selected,
+                                float *scores)
 {
     kvt__seq *s;
     KVT__CHECK_NULL(sel);
@@ -397,7 +397,7 @@ KVT_API int kvt_select(const kvt_selector *sel, const kvt_pool *pool, kvt_seq_id
     if (rc)
         return rc;
     if (pool->be_caps & KVT__BE_NO_HOST_SELECT)
-        return kvt__err(KVT_ENOTSUP, "pool: kvt_select reads the metadata store on the host; "
+        return kvt__err(KVT_ENOTSUP, "pool: kvt_selector_select reads the metadata store on the host; "
                         "on the CUDA backend select inside a step (kvt_step_select)");
     if (layer >= pool->g.n_layers)
         return kvt__err(KVT_EINVAL, "layer: %u >= n_layers %u", layer, pool->g.n_layers);
@@ -419,7 +419,7 @@ KVT_API int kvt_select(const kvt_selector *sel, const kvt_pool *pool, kvt_seq_id
     void *mem = malloc(kvt__sel_scratch_bytes(G, pool->g.head_dim, np) +
                        (size_t)np * sizeof(uint32_t));
     if (!mem)
-        return kvt__err(KVT_ENOMEM, "kvt_select: cannot allocate scratch for %u pages", np);
+        return kvt__err(KVT_ENOMEM, "kvt_selector_select: cannot allocate scratch for %u pages", np);
     kvt__sel_scratch sc;
     kvt__sel_scratch_carve(&sc, mem, G, pool->g.head_dim, np);
     uint32_t *tmp = (uint32_t *)((uint8_t *)mem + kvt__sel_scratch_bytes(G, pool->g.head_dim, np));

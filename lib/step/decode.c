@@ -1,7 +1,7 @@
-/* The attention of a step's layer: kvt_sparse_decode (split into
+/* The attention of a step's layer: kvt_step_decode (split into
  * fixed-size page chunks over the worker threads, then a log-sum-exp merge;
  * a tiered pool decodes the sequences whose promotions landed first) and
- * kvt_attend (select, then decode). */
+ * kvt_step_attend (select, then decode). */
 #include <math.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -166,9 +166,11 @@ static int kvt__dec_failed(kvt_step *st, uint32_t layer, uint8_t *rnd)
                     layer, why);
 }
 
+#ifdef KVT_TEST_HOOKS
 /* Decodes on CUDA that launched ready sequences before waiting for the
  * others' promotions (a test hook: the ready-first split ran). */
 uint64_t kvt__cuda_ready_first;
+#endif
 
 /* A backend's decode (CUDA). With lower tiers, ready first, as on the CPU:
  * round 0 places and launches the sequences whose promotions have landed
@@ -194,7 +196,7 @@ static int kvt__be_decode(kvt_step *st, uint32_t layer, const float *q, float *o
     if (!rc)
         rc = be->step_decode(st, layer, q, out, lse, run);
     if (!rc && late) {
-        kvt__cuda_ready_first += ready; /* round 0 decoded some before the wait */
+        KVT__HOOK(kvt__cuda_ready_first += ready); /* round 0 decoded some before the wait */
         for (uint32_t i = 0; i < st->n; i++) {
             run[i] = 0;
             if (rnd[i] != 1)
@@ -224,8 +226,8 @@ static int kvt__be_decode(kvt_step *st, uint32_t layer, const float *q, float *o
     return rc;
 }
 
-KVT_API int kvt_sparse_decode(kvt_step *st, uint32_t layer, const float *q, float *out,
-                              float *lse)
+KVT_API int kvt_step_decode(kvt_step *st, uint32_t layer, const float *q, float *out,
+                            float *lse)
 {
     int rc = kvt__step_enter(st, layer);
     if (rc)
@@ -234,7 +236,7 @@ KVT_API int kvt_sparse_decode(kvt_step *st, uint32_t layer, const float *q, floa
     KVT__CHECK_NULL(out);
     if (st->sel_layer != layer)
         return kvt__err(KVT_ESTATE, "layer: %u has no selection in this step (call "
-                        "kvt_step_select or kvt_attend for it first)", layer);
+                        "kvt_step_select or kvt_step_attend for it first)", layer);
     if (st->pool->be->step_decode && st->emptied_layer == layer)
         return kvt__err(KVT_ESTATE, "layer: %u's decode emptied the sequences whose promotions "
                         "failed; select the layer again before decoding it again", layer);
@@ -286,7 +288,7 @@ KVT_API int kvt_sparse_decode(kvt_step *st, uint32_t layer, const float *q, floa
     return 0;
 }
 
-KVT_API int kvt_attend(kvt_step *st, uint32_t layer, const float *q, float *out, float *lse)
+KVT_API int kvt_step_attend(kvt_step *st, uint32_t layer, const float *q, float *out, float *lse)
 {
     if (!st)
         return kvt__err(KVT_EINVAL, "step: must not be NULL");
@@ -295,5 +297,5 @@ KVT_API int kvt_attend(kvt_step *st, uint32_t layer, const float *q, float *out,
     int rc = kvt_step_select(st, layer, q);
     if (rc)
         return rc;
-    return kvt_sparse_decode(st, layer, q, out, lse);
+    return kvt_step_decode(st, layer, q, out, lse);
 }

@@ -1,7 +1,7 @@
-/* The per-layer calls before the attention: kvt_append (the step's token
+/* The per-layer calls before the attention: kvt_step_append (the step's token
  * of every sequence), the selection (score, vote, top-K, or reuse) with the
  * tiered pools' fused recycle and its promotions' fences, and
- * kvt_step_selection. */
+ * kvt_step_selection_get. */
 #include <math.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -16,8 +16,8 @@
 #include "step_int.h"
 
 
-KVT_API int kvt_append(kvt_step *st, uint32_t layer, const void *k, const void *v,
-                       kvt_dtype src_dtype, uint64_t seq_stride)
+KVT_API int kvt_step_append(kvt_step *st, uint32_t layer, const void *k, const void *v,
+                            kvt_dtype src_dtype, uint64_t seq_stride)
 {
     int rc = kvt__step_enter(st, layer);
     if (rc)
@@ -264,7 +264,7 @@ static int kvt__recycle(kvt_step *st, uint32_t layer, const uint32_t *sel_pages)
         if (st->wf[i]) {
             /* Warm-up's pages still arriving can be neither evicted nor
              * counted: a sequence that reranks a stable head now waits for
-             * them here (kvt_step_ready told the engine it was not ready). */
+             * them here (kvt_step_ready_get told the engine it was not ready). */
             bool due = false;
             for (uint32_t h = 0; h < H && !due; h++)
                 due = st->sel_rr[(size_t)i * H + h] && kvt__stable(p, kvt__lh(p, layer, h));
@@ -413,14 +413,9 @@ KVT_API int kvt_step_select(kvt_step *st, uint32_t layer, const float *q)
     return kvt__select(st, layer, q);
 }
 
-KVT_API int kvt_rerank_recycle(kvt_step *st, uint32_t layer, const float *q)
-{
-    return kvt__select(st, layer, q);
-}
-
-KVT_API int kvt_step_selection(const kvt_step *st, uint32_t layer, uint32_t seq_index,
-                               uint32_t kv_head, uint32_t *pages, uint32_t capacity,
-                               uint32_t *n_pages, uint32_t *reranked)
+KVT_API int kvt_step_selection_get(const kvt_step *st, uint32_t layer, uint32_t seq_index,
+                                   uint32_t kv_head, uint32_t *pages, uint32_t capacity,
+                                   uint32_t *n_pages, uint32_t *reranked)
 {
     int rc = kvt__step_args(st, layer, seq_index, kv_head);
     if (rc)

@@ -1,5 +1,5 @@
-/* The per-step plan: kvt_step_plan, kvt_step_finish, kvt_step_ready,
- * kvt_step_dirty (the per-layer calls are layer.c and decode.c).
+/* The per-step plan: kvt_step_plan, kvt_step_finish, kvt_step_ready_get,
+ * kvt_step_dirty_get (the per-layer calls are layer.c and decode.c).
  *
  * kvt_step_plan checks the sequences, reserves block-table room, decides
  * which heads rerank, and sizes every buffer the per-layer calls use; those
@@ -20,16 +20,11 @@
 #include "step.h"
 #include "step_int.h"
 
-#define KVT__STEP_OPTS_V1 24u
-_Static_assert(offsetof(kvt_step_opts, reserved) + 4 == KVT__STEP_OPTS_V1, "step opts v1");
-/* V2 (still 0.1.0): policy and profiler appended; V1 callers stay accepted. */
-#define KVT__STEP_OPTS_V2 (KVT__STEP_OPTS_V1 + 2u * sizeof(void *))
-_Static_assert(offsetof(kvt_step_opts, policy) == 24 && offsetof(kvt_step_opts, profiler) ==
-               24 + sizeof(void *), "step opts v2 layout");
-/* V3 (still 0.1.0): stream appended. */
-#define KVT__STEP_OPTS_V3 (KVT__STEP_OPTS_V2 + sizeof(void *))
-_Static_assert(offsetof(kvt_step_opts, stream) == KVT__STEP_OPTS_V2, "step opts v3 layout");
-_Static_assert(sizeof(kvt_step_opts) == KVT__STEP_OPTS_V3, "step opts v3 size");
+/* The first released layout (0.1), pinned: smaller struct_size values are
+ * rejected, fields appended later read as zero for it. */
+#define KVT__STEP_OPTS_V1 (8u + 4u * sizeof(void *) + 8u)
+_Static_assert(offsetof(kvt_step_opts, reserved) + 4 == KVT__STEP_OPTS_V1 &&
+               sizeof(kvt_step_opts) == KVT__STEP_OPTS_V1, "step opts v1");
 #define KVT__KNOWN_STEP_FLAGS (KVT_STEP_DENSE)
 
 
@@ -220,7 +215,7 @@ KVT_API int kvt_step_plan(kvt_pool *pool, const kvt_seq_id *seqs, uint32_t n_seq
         }
 
     /* Room for one more token per sequence and layer: blocks now, table
-     * capacity reserved so that kvt_append never allocates. */
+     * capacity reserved so that kvt_step_append never allocates. */
     uint64_t need = 0, need_pm = 0, sel_total = 0, task_total = 0, pm_total = 0;
     if (tiered)
         kvt__mover_apply(pool->mover); /* finished moves free their blocks first */
@@ -502,7 +497,7 @@ KVT_API int kvt_step_finish(kvt_step *st)
     return rc;
 }
 
-KVT_API int kvt_step_ready(kvt_step *st, uint32_t seq_index, uint32_t *ready)
+KVT_API int kvt_step_ready_get(kvt_step *st, uint32_t seq_index, uint32_t *ready)
 {
     int rc = kvt__step_args(st, KVT__ANY, seq_index, KVT__ANY);
     if (rc)
@@ -512,8 +507,8 @@ KVT_API int kvt_step_ready(kvt_step *st, uint32_t seq_index, uint32_t *ready)
     return 0;
 }
 
-KVT_API int kvt_step_dirty(const kvt_step *st, uint32_t layer, uint32_t seq_index,
-                           uint32_t kv_head, uint32_t *first_page, uint32_t *n_pages)
+KVT_API int kvt_step_dirty_get(const kvt_step *st, uint32_t layer, uint32_t seq_index,
+                               uint32_t kv_head, uint32_t *first_page, uint32_t *n_pages)
 {
     int rc = kvt__step_args(st, layer, seq_index, kv_head);
     if (rc)

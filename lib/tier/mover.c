@@ -291,7 +291,7 @@ void kvt__mover_destroy(kvt_mover *m)
     free(m);
 }
 
-KVT_API int kvt_pool_mover(kvt_pool *pool, kvt_mover **out)
+KVT_API int kvt_pool_mover_get(kvt_pool *pool, kvt_mover **out)
 {
     KVT__CHECK_NULL(out);
     *out = NULL;
@@ -618,7 +618,7 @@ KVT_API int kvt_mover_stats_get(const kvt_mover *m, kvt_mover_stats *stats)
     return 0;
 }
 
-KVT_API int kvt_pool_disk_path(const kvt_pool *pool, char *buf, size_t cap, size_t *len)
+KVT_API int kvt_pool_disk_path_get(const kvt_pool *pool, char *buf, size_t cap, size_t *len)
 {
     KVT__CHECK_NULL(pool);
     if (!pool->disk)

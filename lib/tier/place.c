@@ -24,7 +24,7 @@ KVT_API int kvt_pool_sizing_get(const kvt_pool_opts *opts, kvt_pool_sizing *out)
     if (rc)
         return rc;
     kvt_pool_opts o;
-    rc = kvt__opts_copy(&o, sizeof o, opts, offsetof(kvt_pool_opts, reserved1) + 4u, "opts");
+    rc = kvt__opts_copy(&o, sizeof o, opts, sizeof(kvt_pool_opts), "opts");
     if (rc)
         return rc;
     kvt_geometry g;

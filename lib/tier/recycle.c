@@ -25,7 +25,7 @@ static int kvt__evc_desc(const void *a, const void *b)
  * forced pages and its kept top-K set - names a page with no device copy
  * and none arriving. A prefill's trim or an engine's explicit move may have
  * dropped one since the head's last rerank; such a head reranks, so that
- * kvt_rerank_recycle promotes the page (decode reads device copies; the
+ * kvt_step_select promotes the page (decode reads device copies; the
  * CUDA backend's reads no other tier). Reads sink + local + K entries, or
  * the pages when the budget covers them all (at most sink + local + K). */
 static bool kvt__reuse_off_device(const kvt_pool *p, const kvt__seq *s, uint32_t layer,

@@ -18,7 +18,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 static void check(const uint8_t *data, size_t size)
 {
     kvt_policy *p = (kvt_policy *)(uintptr_t)1;
-    int rc = kvt_policy_load_buffer(&p, data, size, NULL);
+    int rc = kvt_policy_load_buffer(data, size, NULL, &p);
     if (rc) {
         if (p != NULL || (rc != KVT_ECORRUPT && rc != KVT_EINVAL && rc != KVT_ENOMEM))
             abort();
@@ -33,13 +33,13 @@ static void check(const uint8_t *data, size_t size)
     free(b);
     kvt_geometry g;
     kvt_policy *q = NULL;
-    if (kvt_policy_geometry(p, &g) || kvt_policy_load_buffer(&q, data, size, &g))
+    if (kvt_policy_geometry_get(p, &g) || kvt_policy_load_buffer(data, size, &g, &q))
         abort();
     kvt_policy_destroy(q);
     char text[256];
     uint64_t dev = 0;
     if (kvt_policy_describe(p, 32768, text, sizeof text, NULL) ||
-        kvt_policy_device_pages(p, 32768, &dev, NULL))
+        kvt_policy_device_pages_get(p, 32768, &dev, NULL))
         abort();
     kvt_policy_destroy(p);
 }

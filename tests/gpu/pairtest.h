@@ -82,8 +82,8 @@ static inline void same_contents(const fx *f)
     for (uint32_t i = 0; i < NS; i++)
         for (uint32_t l = 0; l < N_LAYERS; l++) {
             uint32_t T, T2;
-            TU_OK(kvt_seq_length(f->cpu, f->ic[i], l, &T));
-            TU_OK(kvt_seq_length(f->gpu, f->ig[i], l, &T2));
+            TU_OK(kvt_seq_length_get(f->cpu, f->ic[i], l, &T));
+            TU_OK(kvt_seq_length_get(f->gpu, f->ig[i], l, &T2));
             assert_int_equal(T, T2);
             uint16_t *a = malloc((size_t)T * HEAD_DIM * 2 * 2),
                      *b = malloc((size_t)T * HEAD_DIM * 2 * 2);
@@ -96,10 +96,10 @@ static inline void same_contents(const fx *f)
                     fail_msg("seq %u layer %u head %u: stored K/V differ", i, l, h);
                 for (uint32_t pg = 0; pg < (T + PAGE_TOKENS - 1) / PAGE_TOKENS; pg++) {
                     float m1[3 * HEAD_DIM], m2[3 * HEAD_DIM];
-                    TU_OK(kvt_seq_page_meta(f->cpu, f->ic[i], l, h, pg, m1, m1 + HEAD_DIM,
-                                            m1 + 2 * HEAD_DIM));
-                    TU_OK(kvt_seq_page_meta(f->gpu, f->ig[i], l, h, pg, m2, m2 + HEAD_DIM,
-                                            m2 + 2 * HEAD_DIM));
+                    TU_OK(kvt_seq_page_meta_get(f->cpu, f->ic[i], l, h, pg, m1, m1 + HEAD_DIM,
+                                                m1 + 2 * HEAD_DIM));
+                    TU_OK(kvt_seq_page_meta_get(f->gpu, f->ig[i], l, h, pg, m2, m2 + HEAD_DIM,
+                                                m2 + 2 * HEAD_DIM));
                     if (memcmp(m1, m2, sizeof m1))
                         fail_msg("seq %u layer %u head %u page %u: metadata differ", i, l, h, pg);
                 }
@@ -122,7 +122,7 @@ static inline void plan_both(fx *f, uint32_t flags, bool no_stream, kvt_step **s
     NO_DEVICE_SYNC(kvt_step_plan(f->gpu, f->ig, NS, &sgo, sg));
 }
 
-/* Every head's selection of `layer` equal on both steps (kvt_step_selection
+/* Every head's selection of `layer` equal on both steps (kvt_step_selection_get
  * of the CUDA step synchronises no device). Returns the heads reranked. */
 static inline uint32_t same_selections(kvt_step *sc, kvt_step *sg, uint32_t layer)
 {
@@ -130,8 +130,8 @@ static inline uint32_t same_selections(kvt_step *sc, kvt_step *sg, uint32_t laye
     for (uint32_t i = 0; i < NS; i++)
         for (uint32_t h = 0; h < N_KV_HEADS; h++) {
             uint32_t a[MAXPG], b[MAXPG], na, nb, ra, rb;
-            TU_OK(kvt_step_selection(sc, layer, i, h, a, MAXPG, &na, &ra));
-            NO_DEVICE_SYNC(kvt_step_selection(sg, layer, i, h, b, MAXPG, &nb, &rb));
+            TU_OK(kvt_step_selection_get(sc, layer, i, h, a, MAXPG, &na, &ra));
+            NO_DEVICE_SYNC(kvt_step_selection_get(sg, layer, i, h, b, MAXPG, &nb, &rb));
             assert_int_equal(ra, rb);
             reranked += ra;
             if (na != nb || memcmp(a, b, na * 4))

@@ -11,7 +11,7 @@
  * here (blocks and slots shuffled, block 0 the null block, everything
  * pre-filled with a pattern). After every launch:
  *  - the stored K and V rows equal kvt_seq_read_kv byte for byte;
- *  - each page's metadata, widened to f32, equals kvt_seq_page_meta bit for
+ *  - each page's metadata, widened to f32, equals kvt_seq_page_meta_get bit for
  *    bit, and the f32 accumulators equal the CPU's (kvt__seq internals);
  *  - nothing outside the written rows / slots changed (the pattern).
  * The one allowance, documented in kvt_cuda.h: where the CPU's bits are a
@@ -145,7 +145,7 @@ static void run_case(const cfg *c, uint64_t seed)
     /* The CPU pool. */
     kvt_pool_opts o = tu_opts(1, H, H, D, P, c->pdt, (uint64_t)S * H * maxp + 4, 0);
     kvt_pool *pool;
-    TU_OK(kvt_pool_create(&pool, &o));
+    TU_OK(kvt_pool_create(&o, &pool));
     kvt_seq_id *ids = calloc(S, sizeof *ids);
     for (uint32_t s = 0; s < S; s++)
         TU_OK(kvt_seq_create(pool, NULL, &ids[s]));
@@ -317,7 +317,7 @@ static void run_case(const cfg *c, uint64_t seed)
                             if (arena[b * bb + x] != PATTERN)
                                 fail_msg("block of seq %u head %u page %u: byte %zu written "
                                          "past the tokens", s, h, pg, x);
-                    TU_OK(kvt_seq_page_meta(pool, ids[s], 0, h, pg, mn, mx, me));
+                    TU_OK(kvt_seq_page_meta_get(pool, ids[s], 0, h, pg, mn, mx, me));
                     const uint8_t *ms = meta + m * mb;
                     for (uint32_t d = 0; d < D; d++) {
                         const float gmin = widen(ms, c->pdt, d), gmax = widen(ms, c->pdt, D + d);

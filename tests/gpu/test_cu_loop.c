@@ -3,7 +3,7 @@
  * tier so pages are evicted, promoted and recycled) runs prefill, warm-up and
  * decode steps through the public calls. A GPU mirror follows it the way the
  * CUDA backend is meant to: after the plan's appends and after each
- * rerank/recycle it copies only the block-table ranges kvt_step_dirty
+ * rerank/recycle it copies only the block-table ranges kvt_step_dirty_get
  * reports (kvt__cu_table_sync reading a pinned host table through UVA),
  * brings each page that arrived in the device table from the pool's host
  * tier with the zero-copy kernel (kvt__cu_copy_kernel), appends the step's
@@ -104,15 +104,15 @@ static void fx_open(fx *f)
         iv[b] = cls[b] == KVT_HEAD_UNSTABLE ? 1 : 3;
     }
     kvt_policy_heads hd = {sizeof hd, LH, cls, k, w, NULL, NULL, iv};
-    TU_OK(kvt_policy_create_heads(&f->pol, &g, NULL, &hd));
+    TU_OK(kvt_policy_create_heads(&g, NULL, &hd, &f->pol));
     kvt_selector_opts so = KVT_SELECTOR_OPTS_INIT;
-    TU_OK(kvt_selector_create(&f->sel, &g, &so));
+    TU_OK(kvt_selector_create(&g, &so, &f->sel));
     kvt_pool_opts o =
         tu_opts(N_LAYERS, N_KV_HEADS, HQ, HEAD_DIM, PAGE_TOKENS, KVT_DTYPE_F16, 420, 1400);
     o.policy = f->pol;
     o.selector = f->sel;
     o.n_threads = 2;
-    TU_OK(kvt_pool_create(&f->p, &o));
+    TU_OK(kvt_pool_create(&o, &f->p));
     f->bb = f->p->block_bytes;
     for (uint32_t i = 0; i < NS; i++) {
         kvt_seq_opts sq = KVT_SEQ_OPTS_INIT;
@@ -203,7 +203,7 @@ static kvt_step *fx_start(fx *f, const kvt_step_opts *so)
     for (int spin = 0;; spin++) {
         uint32_t all = 1, rd;
         for (uint32_t i = 0; i < NS; i++) {
-            TU_OK(kvt_step_ready(st, i, &rd));
+            TU_OK(kvt_step_ready_get(st, i, &rd));
             all &= rd;
         }
         if (all)
@@ -244,7 +244,7 @@ static void fx_sync(fx *f, kvt_step *st, uint32_t layer)
         assert_true(s->cap_pages <= CAP);
         for (uint32_t h = 0; h < N_KV_HEADS; h++) {
             uint32_t first, n;
-            TU_OK(kvt_step_dirty(st, layer, i, h, &first, &n));
+            TU_OK(kvt_step_dirty_get(st, layer, i, h, &first, &n));
             if (!n)
                 continue;
             const uint32_t lh = layer * N_KV_HEADS + h;
@@ -283,7 +283,7 @@ static void fx_sync(fx *f, kvt_step *st, uint32_t layer)
                 const uint32_t want = s->dev_block[(size_t)lh * s->cap_pages + pg];
                 if (back[tidx(i, lh, pg)] != want)
                     fail_msg("layer %u seq %u head %u page %u: GPU table has block %u, the "
-                             "pool %u (a change kvt_step_dirty did not report)",
+                             "pool %u (a change kvt_step_dirty_get did not report)",
                              layer, i, h, pg, back[tidx(i, lh, pg)], want);
             }
     }
@@ -336,7 +336,7 @@ static uint32_t fx_select(fx *f, kvt_step *st, uint32_t layer, const float *q,
             const uint32_t lh = layer * N_KV_HEADS + h, T = s->n_tokens[layer],
                            np = (T + PAGE_TOKENS - 1) / PAGE_TOKENS;
             kvt_policy_head_info hi = {.struct_size = sizeof hi};
-            TU_OK(kvt_policy_head(pol, layer, h, &hi));
+            TU_OK(kvt_policy_head_get(pol, layer, h, &hi));
             f->h_sc[n] = (kvt__cu_score_item){((size_t)i * HQ + h * GQA_GROUP) * HEAD_DIM,
                                               tidx(i, lh, 0), (size_t)n * CAP, np, 0};
             f->h_tk[n] = (kvt__cu_topk_item){(size_t)n * CAP, (size_t)n * CAP, np, T,
@@ -359,7 +359,7 @@ static uint32_t fx_select(fx *f, kvt_step *st, uint32_t layer, const float *q,
         for (uint32_t h = 0; h < N_KV_HEADS; h++) {
             const uint32_t it = i * N_KV_HEADS + h;
             uint32_t cpu[CAP], nc, rr;
-            TU_OK(kvt_step_selection(st, layer, i, h, cpu, CAP, &nc, &rr));
+            TU_OK(kvt_step_selection_get(st, layer, i, h, cpu, CAP, &nc, &rr));
             if (!rr)
                 continue;
             checked++;
@@ -406,7 +406,7 @@ static void fx_decode(fx *f, kvt_step *st, uint32_t layer, const float *cpu_out,
             const uint32_t it = i * N_KV_HEADS + h, lh = layer * N_KV_HEADS + h,
                            T = f->s[i]->n_tokens[layer];
             uint32_t pages[CAP], n;
-            TU_OK(kvt_step_selection(st, layer, i, h, pages, CAP, &n, NULL));
+            TU_OK(kvt_step_selection_get(st, layer, i, h, pages, CAP, &n, NULL));
             for (uint32_t j = 0; j < n; j++) {
                 blocks[it * CAP + j] = tab[tidx(i, lh, pages[j])];
                 assert_int_not_equal(blocks[it * CAP + j], 0);
@@ -474,11 +474,11 @@ static void test_tiered_loop(void **state)
             rand_rows(&f.r, k, NS * N_KV_HEADS * HEAD_DIM, 1.0f);
             rand_rows(&f.r, v, NS * N_KV_HEADS * HEAD_DIM, 1.0f);
             rand_rows(&f.r, q, NS * HQ * HEAD_DIM, 1.0f);
-            TU_OK(kvt_append(st, l, k, v, KVT_DTYPE_F32, 0));
+            TU_OK(kvt_step_append(st, l, k, v, KVT_DTYPE_F32, 0));
             fx_sync(&f, st, l);
             fx_append(&f, l, k, v);
-            TU_OK(kvt_rerank_recycle(st, l, q));
-            TU_OK(kvt_sparse_decode(st, l, q, out, lse));
+            TU_OK(kvt_step_select(st, l, q));
+            TU_OK(kvt_step_decode(st, l, q, out, lse));
             fx_sync(&f, st, l);
             reranked += fx_select(&f, st, l, q, f.pol);
             fx_decode(&f, st, l, out, lse);
@@ -488,7 +488,7 @@ static void test_tiered_loop(void **state)
     }
     /* The loop exercised what it claims to: reranks, promotions, recycling. */
     kvt_stats s = {.struct_size = sizeof s};
-    TU_OK(kvt_pool_stats(f.p, &s));
+    TU_OK(kvt_pool_stats_get(f.p, &s));
     printf("# %u reranked heads compared, %llu promoted, %llu recycled, %llu evicted pages\n",
            reranked, (unsigned long long)s.promoted_pages, (unsigned long long)s.recycled_blocks,
            (unsigned long long)s.evicted_pages);

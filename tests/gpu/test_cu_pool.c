@@ -60,13 +60,13 @@ static void fx_open(fx *f, uint64_t seed, uint32_t top_k, uint32_t interval)
     memset(f, 0, sizeof *f);
     f->r = (tu_rng){seed};
     kvt_pool_opts oc = opts_of(KVT_BACKEND_CPU), og = opts_of(KVT_BACKEND_CUDA);
-    TU_OK(kvt_pool_create(&f->cpu, &oc));
-    TU_OK(kvt_pool_create(&f->gpu, &og));
+    TU_OK(kvt_pool_create(&oc, &f->cpu));
+    TU_OK(kvt_pool_create(&og, &f->gpu));
     kvt_geometry g = {N_LAYERS, N_KV_HEADS, HQ, HEAD_DIM, PAGE_TOKENS, KVT_DTYPE_F16, {0, 0}};
     kvt_selector_opts so = KVT_SELECTOR_OPTS_INIT;
     so.top_k_pages = top_k;
     so.rerank_interval = interval;
-    TU_OK(kvt_selector_create(&f->sel, &g, &so));
+    TU_OK(kvt_selector_create(&g, &so, &f->sel));
     CU_OK(kvt__cu_stream_create(&f->stream, 0));
 }
 
@@ -94,18 +94,18 @@ static void run_step(fx *f, uint32_t flags, bool reselect, bool no_stream, uint3
         CU_OK(kvt__cu_memcpy(f->d_k, k, sizeof k));
         CU_OK(kvt__cu_memcpy(f->d_v, v, sizeof v));
         CU_OK(kvt__cu_memcpy(f->d_q, q, sizeof q));
-        TU_OK(kvt_append(sc, l, k, v, KVT_DTYPE_F32, 0));
-        NO_DEVICE_SYNC(kvt_append(sg, l, f->d_k, f->d_v, KVT_DTYPE_F32, 0));
-        TU_OK(kvt_attend(sc, l, q, out, lse));
+        TU_OK(kvt_step_append(sc, l, k, v, KVT_DTYPE_F32, 0));
+        NO_DEVICE_SYNC(kvt_step_append(sg, l, f->d_k, f->d_v, KVT_DTYPE_F32, 0));
+        TU_OK(kvt_step_attend(sc, l, q, out, lse));
         NO_DEVICE_SYNC(kvt_step_select(sg, l, f->d_q));
-        NO_DEVICE_SYNC(kvt_sparse_decode(sg, l, f->d_q, f->d_out, f->d_lse));
+        NO_DEVICE_SYNC(kvt_step_decode(sg, l, f->d_q, f->d_out, f->d_lse));
         *reranked += compare_layer(sc, sg, l, out, lse, f);
     }
     if (reselect) {
         rand_rows(&f->r, q, NS * HQ * HEAD_DIM);
         CU_OK(kvt__cu_memcpy(f->d_q, q, sizeof q));
-        TU_OK(kvt_attend(sc, 0, q, out, lse));
-        NO_DEVICE_SYNC(kvt_attend(sg, 0, f->d_q, f->d_out, f->d_lse));
+        TU_OK(kvt_step_attend(sc, 0, q, out, lse));
+        NO_DEVICE_SYNC(kvt_step_attend(sg, 0, f->d_q, f->d_out, f->d_lse));
         *reranked += compare_layer(sc, sg, 0, out, lse, f);
     }
     TU_OK(kvt_step_finish(sc));
@@ -118,7 +118,7 @@ static void test_pool_vs_cpu(void **state)
     fx f;
     fx_open(&f, 0xc0da5eedull, 4, 3);
     kvt_stats st = {.struct_size = sizeof st};
-    TU_OK(kvt_pool_stats(f.gpu, &st));
+    TU_OK(kvt_pool_stats_get(f.gpu, &st));
     assert_int_equal(st.backend, KVT_BACKEND_CUDA);
     kvt_geometry g = {N_LAYERS, N_KV_HEADS, HQ, HEAD_DIM, PAGE_TOKENS, KVT_DTYPE_F16, {0, 0}};
     f.d_k = dev(NS * N_KV_HEADS * HEAD_DIM * sizeof(float));
@@ -141,7 +141,7 @@ static void test_pool_vs_cpu(void **state)
         if (step == 12) /* a prefill chunk while others decode: the table grows */
             prefill(&f, 0, 500);
         if (step == 17) /* a larger K for one head: the saved sets stay */
-            TU_OK(kvt_selector_set_budget(f.sel, 1, 2, 7, 1, 1));
+            TU_OK(kvt_selector_budget_set(f.sel, 1, 2, 7, 1, 1));
         run_step(&f, step == 15 ? KVT_STEP_DENSE : 0, step % 5 == 4, step == 10, &reranked);
         TU_CHECK(f.cpu);
         TU_CHECK(f.gpu);
@@ -167,12 +167,12 @@ static void test_pool_vs_cpu(void **state)
     /* What the CUDA backend does not serve in this release. */
     uint32_t pages[64], n;
     float q[GQA_GROUP * HEAD_DIM] = {0};
-    TU_EXPECT_ERR(kvt_select(f.sel, f.gpu, f.ig[0], 0, 0, q, pages, 64, &n, NULL), KVT_ENOTSUP,
+    TU_EXPECT_ERR(kvt_selector_select(f.sel, f.gpu, f.ig[0], 0, 0, q, pages, 64, &n, NULL), KVT_ENOTSUP,
                   "kvt_step_select");
     kvt_pool *p2 = NULL;
     kvt_pool_opts bad;
     kvt_profiler *prof;
-    TU_OK(kvt_profiler_create(&prof, &g, NULL));
+    TU_OK(kvt_profiler_create(&g, NULL, &prof));
     kvt_step_opts po = KVT_STEP_OPTS_INIT;
     po.selector = f.sel;
     po.profiler = prof;
@@ -182,7 +182,7 @@ static void test_pool_vs_cpu(void **state)
     kvt_profiler_destroy(prof);
     bad = opts_of(KVT_BACKEND_CUDA);
     bad.cuda_device = 99;
-    TU_EXPECT_ERR(kvt_pool_create(&p2, &bad), KVT_EINVAL, "cuda_device");
+    TU_EXPECT_ERR(kvt_pool_create(&bad, &p2), KVT_EINVAL, "cuda_device");
 
     void *d[] = {f.d_k, f.d_v, f.d_q, f.d_out, f.d_lse};
     for (size_t i = 0; i < sizeof d / sizeof d[0]; i++)
@@ -233,10 +233,10 @@ static void test_prefill_after_finish(void **state)
     kvt_step *sc, *sg;
     plan_both(&f, 0, false, &sc, &sg);
     for (uint32_t l = 0; l < N_LAYERS; l++) {
-        TU_OK(kvt_append(sc, l, k + l * kv, v + l * kv, KVT_DTYPE_F32, 0));
-        NO_DEVICE_SYNC(kvt_append(sg, l, dk + l * kv, dv + l * kv, KVT_DTYPE_F32, 0));
-        TU_OK(kvt_attend(sc, l, q + l * qn, out + l * qn, lse[l]));
-        NO_DEVICE_SYNC(kvt_attend(sg, l, dq + l * qn, dout + l * qn, dlse + l * NS * HQ));
+        TU_OK(kvt_step_append(sc, l, k + l * kv, v + l * kv, KVT_DTYPE_F32, 0));
+        NO_DEVICE_SYNC(kvt_step_append(sg, l, dk + l * kv, dv + l * kv, KVT_DTYPE_F32, 0));
+        TU_OK(kvt_step_attend(sc, l, q + l * qn, out + l * qn, lse[l]));
+        NO_DEVICE_SYNC(kvt_step_attend(sg, l, dq + l * qn, dout + l * qn, dlse + l * NS * HQ));
     }
     TU_OK(kvt_step_finish(sc));
     NO_DEVICE_SYNC(kvt_step_finish(sg));

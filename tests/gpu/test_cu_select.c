@@ -3,8 +3,8 @@
  *
  * Scoring is compared with the CPU scorer: a CPU pool holds the same keys
  * (appended with kvt_seq_append, NaN keys and keys past f16's range
- * included, so boxes open to +-inf) and kvt_select returns the voted score
- * of every page; the kernel reads the same metadata (kvt_seq_page_meta, laid
+ * included, so boxes open to +-inf) and kvt_selector_select returns the voted score
+ * of every page; the kernel reads the same metadata (kvt_seq_page_meta_get, laid
  * out here in shuffled device slots) for every method x vote, G from 1 to
  * 40 (register tiles of 8 heads, queries staged in shared memory or read
  * from global memory when they do not fit), D in {64, 128, 40, 512}, every
@@ -80,7 +80,7 @@ static void run_score(const score_cfg *c, uint64_t seed)
     kvt_pool_opts o = tu_opts(1, H, H * G, D, P, c->dt, blocks, 0);
     o.n_threads = 1;
     kvt_pool *pool;
-    TU_OK(kvt_pool_create(&pool, &o));
+    TU_OK(kvt_pool_create(&o, &pool));
     kvt_seq_id *ids = calloc(S, sizeof *ids);
     for (uint32_t s = 0; s < S; s++) {
         TU_OK(kvt_seq_create(pool, NULL, &ids[s]));
@@ -125,7 +125,7 @@ static void run_score(const score_cfg *c, uint64_t seed)
         for (uint32_t h = 0; h < H; h++)
             for (uint32_t pg = 0; pg < pages_of(T[s], P); pg++) {
                 const size_t e = (size_t)(s * H + h) * (maxp + 1) + pg;
-                TU_OK(kvt_seq_page_meta(pool, ids[s], 0, h, pg, mn, mx, me));
+                TU_OK(kvt_seq_page_meta_get(pool, ids[s], 0, h, pg, mn, mx, me));
                 uint8_t *m = meta + tab[e] * mb;
                 for (uint32_t d = 0; d < D; d++) {
                     put_dt(m, c->dt, d, mn[d]);
@@ -193,7 +193,7 @@ static void run_score(const score_cfg *c, uint64_t seed)
             so.sink_pages = tu_below(&r, 2);
             so.local_pages = tu_below(&r, 3);
             kvt_selector *sel;
-            TU_OK(kvt_selector_create(&sel, &o.geom, &so));
+            TU_OK(kvt_selector_create(&o.geom, &so, &sel));
 
             TU_OK(kvt__cu_memset(d_vote, 0xa5, (size_t)ni * vstride * 4));
             kvt__cu_score_args a = {0};
@@ -229,8 +229,8 @@ static void run_score(const score_cfg *c, uint64_t seed)
                     if (np == 0)
                         continue;
                     uint32_t n_sel;
-                    TU_OK(kvt_select(sel, pool, ids[s], 0, h, q + (size_t)it * G * D, cpages,
-                                     maxp + 1, &n_sel, cv));
+                    TU_OK(kvt_selector_select(sel, pool, ids[s], 0, h, q + (size_t)it * G * D, cpages,
+                                              maxp + 1, &n_sel, cv));
                     /* The double reference: raw scores and magnitudes. */
                     const float *qg = q + (size_t)it * G * D;
                     for (uint32_t j = 0; j < G; j++)
@@ -303,7 +303,7 @@ static void run_score(const score_cfg *c, uint64_t seed)
 
                     /* The GPU's selection over its own votes. */
                     uint32_t K, sink, local;
-                    TU_OK(kvt_selector_get_budget(sel, 0, h, &K, &sink, &local));
+                    TU_OK(kvt_selector_budget_get(sel, 0, h, &K, &sink, &local));
                     kvt__cu_topk_item ti = {(uint64_t)it * vstride + 1, 0, np, T[s], K, sink,
                                             local, 0};
                     kvt__cu_topk_item *d_ti;

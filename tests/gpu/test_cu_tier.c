@@ -111,14 +111,14 @@ static void same_placement_of(const fx *f, uint32_t layer, const char *when, boo
 {
     for (uint32_t i = 0; i < NS; i++) {
         uint32_t T;
-        TU_OK(kvt_seq_length(f->cpu, f->ic[i], layer, &T));
+        TU_OK(kvt_seq_length_get(f->cpu, f->ic[i], layer, &T));
         const uint32_t np = (T + PAGE_TOKENS - 1) / PAGE_TOKENS;
         assert_true(np <= MAXPG);
         for (uint32_t h = 0; h < N_KV_HEADS; h++) {
             uint32_t da[MAXPG], db[MAXPG];
             uint8_t ra[MAXPG], rb[MAXPG];
-            TU_OK(kvt_seq_block_table(f->cpu, f->ic[i], layer, h, 0, np, da, NULL, ra));
-            TU_OK(kvt_seq_block_table(f->gpu, f->ig[i], layer, h, 0, np, db, NULL, rb));
+            TU_OK(kvt_seq_block_table_get(f->cpu, f->ic[i], layer, h, 0, np, da, NULL, ra));
+            TU_OK(kvt_seq_block_table_get(f->gpu, f->ig[i], layer, h, 0, np, db, NULL, rb));
             for (uint32_t pg = 0; pg < np; pg++)
                 if ((blocks ? da[pg] != db[pg] : !da[pg] != !db[pg]) || ra[pg] != rb[pg])
                     fail_msg("%s: seq %u layer %u head %u page %u: CPU block %u res 0x%x, "
@@ -139,7 +139,7 @@ static kvt_stats stats_of(const kvt_pool *p)
     kvt_stats s;
     memset(&s, 0, sizeof s);
     s.struct_size = sizeof s;
-    TU_OK(kvt_pool_stats(p, &s));
+    TU_OK(kvt_pool_stats_get(p, &s));
     return s;
 }
 
@@ -195,20 +195,20 @@ static void run_step(fx *f, uint32_t step, uint32_t *reranked)
         CU_OK(kvt__cu_memcpy(f->d_k, k, sizeof k));
         CU_OK(kvt__cu_memcpy(f->d_v, v, sizeof v));
         CU_OK(kvt__cu_memcpy(f->d_q, q, sizeof q));
-        TU_OK(kvt_append(sc, l, k, v, KVT_DTYPE_F32, 0));
-        NO_DEVICE_SYNC(kvt_append(sg, l, f->d_k, f->d_v, KVT_DTYPE_F32, 0));
-        TU_OK(kvt_rerank_recycle(sc, l, q));
-        TU_OK(kvt_sparse_decode(sc, l, q, out, lse));
-        NO_DEVICE_SYNC(kvt_rerank_recycle(sg, l, f->d_q));
-        NO_DEVICE_SYNC(kvt_sparse_decode(sg, l, f->d_q, f->d_out, f->d_lse));
+        TU_OK(kvt_step_append(sc, l, k, v, KVT_DTYPE_F32, 0));
+        NO_DEVICE_SYNC(kvt_step_append(sg, l, f->d_k, f->d_v, KVT_DTYPE_F32, 0));
+        TU_OK(kvt_step_select(sc, l, q));
+        TU_OK(kvt_step_decode(sc, l, q, out, lse));
+        NO_DEVICE_SYNC(kvt_step_select(sg, l, f->d_q));
+        NO_DEVICE_SYNC(kvt_step_decode(sg, l, f->d_q, f->d_out, f->d_lse));
         *reranked += compare_layer(sc, sg, l, out, lse, f);
         same_placement(f, l, "after the decode");
     }
     TU_OK(kvt_step_finish(sc));
     NO_DEVICE_SYNC(kvt_step_finish(sg));
     kvt_mover *mc, *mg;
-    TU_OK(kvt_pool_mover(f->cpu, &mc));
-    TU_OK(kvt_pool_mover(f->gpu, &mg));
+    TU_OK(kvt_pool_mover_get(f->cpu, &mc));
+    TU_OK(kvt_pool_mover_get(f->gpu, &mg));
     TU_OK(kvt_mover_wait(mc, KVT_FENCE_ALL, UINT64_MAX));
     NO_DEVICE_SYNC(kvt_mover_wait(mg, KVT_FENCE_ALL, UINT64_MAX));
     for (uint32_t l = 0; l < N_LAYERS; l++)
@@ -232,7 +232,7 @@ static void make_policy(fx *f, const kvt_geometry *g)
         iv[b] = b % N_KV_HEADS == 3 ? 1 : 2 + b % 3;
     }
     kvt_policy_heads hd = {sizeof hd, NLH, cls, k, w, sink, local, iv};
-    TU_OK(kvt_policy_create_heads(&f->pol, g, NULL, &hd));
+    TU_OK(kvt_policy_create_heads(g, NULL, &hd, &f->pol));
 }
 
 /* delay_us: the CUDA pool's copiers sleep that long before each round, so
@@ -248,11 +248,11 @@ static void tiered_open(fx *f, uint64_t seed)
     kvt_geometry g = {N_LAYERS, N_KV_HEADS, HQ, HEAD_DIM, PAGE_TOKENS, KVT_DTYPE_F16, {0, 0}};
     make_policy(f, &g);
     kvt_selector_opts so = KVT_SELECTOR_OPTS_INIT;
-    TU_OK(kvt_selector_create(&f->sel, &g, &so));
+    TU_OK(kvt_selector_create(&g, &so, &f->sel));
     kvt_pool_opts oc = opts_of(f, KVT_BACKEND_CPU, 420, 150, true);
     kvt_pool_opts og = opts_of(f, KVT_BACKEND_CUDA, 420, 150, true);
-    TU_OK(kvt_pool_create(&f->cpu, &oc));
-    TU_OK(kvt_pool_create(&f->gpu, &og));
+    TU_OK(kvt_pool_create(&oc, &f->cpu));
+    TU_OK(kvt_pool_create(&og, &f->gpu));
     assert_int_equal(stats_of(f->gpu).backend, KVT_BACKEND_CUDA);
     fx_buffers(f);
     new_seq(f, 0, 300);
@@ -376,12 +376,12 @@ static void test_failed_promotion(void **state)
             CU_OK(kvt__cu_memcpy(f.d_k, k, sizeof k));
             CU_OK(kvt__cu_memcpy(f.d_v, v, sizeof v));
             CU_OK(kvt__cu_memcpy(f.d_q, q, sizeof q));
-            TU_OK(kvt_append(sc, l, k, v, KVT_DTYPE_F32, 0));
-            NO_DEVICE_SYNC(kvt_append(sg, l, f.d_k, f.d_v, KVT_DTYPE_F32, 0));
-            TU_OK(kvt_rerank_recycle(sc, l, q));
-            TU_OK(kvt_sparse_decode(sc, l, q, out, lse));
-            NO_DEVICE_SYNC(kvt_rerank_recycle(sg, l, f.d_q));
-            const int rc = kvt_sparse_decode(sg, l, f.d_q, f.d_out, f.d_lse);
+            TU_OK(kvt_step_append(sc, l, k, v, KVT_DTYPE_F32, 0));
+            NO_DEVICE_SYNC(kvt_step_append(sg, l, f.d_k, f.d_v, KVT_DTYPE_F32, 0));
+            TU_OK(kvt_step_select(sc, l, q));
+            TU_OK(kvt_step_decode(sc, l, q, out, lse));
+            NO_DEVICE_SYNC(kvt_step_select(sg, l, f.d_q));
+            const int rc = kvt_step_decode(sg, l, f.d_q, f.d_out, f.d_lse);
             if (hit_layer != UINT32_MAX)
                 continue; /* the pools differ from the failure on */
             if (rc == 0) {
@@ -409,7 +409,7 @@ static void test_failed_promotion(void **state)
             }
             /* The selection stays readable, and equal to the CPU's. */
             (void)same_selections(sc, sg, l);
-            TU_EXPECT_ERR(kvt_sparse_decode(sg, l, f.d_q, f.d_out, f.d_lse), KVT_ESTATE,
+            TU_EXPECT_ERR(kvt_step_decode(sg, l, f.d_q, f.d_out, f.d_lse), KVT_ESTATE,
                           "select the layer again");
         }
         TU_OK(kvt_step_finish(sc));
@@ -431,12 +431,12 @@ static void test_failed_promotion(void **state)
     NO_DEVICE_SYNC(kvt_step_plan(f.gpu, f.ig, NS, &sgo, &sg));
     uint32_t rescored = 0;
     for (uint32_t l = 0; l < N_LAYERS; l++) {
-        NO_DEVICE_SYNC(kvt_append(sg, l, f.d_k, f.d_v, KVT_DTYPE_F32, 0));
-        NO_DEVICE_SYNC(kvt_rerank_recycle(sg, l, f.d_q));
-        NO_DEVICE_SYNC(kvt_sparse_decode(sg, l, f.d_q, f.d_out, f.d_lse));
+        NO_DEVICE_SYNC(kvt_step_append(sg, l, f.d_k, f.d_v, KVT_DTYPE_F32, 0));
+        NO_DEVICE_SYNC(kvt_step_select(sg, l, f.d_q));
+        NO_DEVICE_SYNC(kvt_step_decode(sg, l, f.d_q, f.d_out, f.d_lse));
         for (uint32_t h = 0; l == hit_layer && h < N_KV_HEADS; h++) {
             uint32_t b[MAXPG], nb, rb;
-            NO_DEVICE_SYNC(kvt_step_selection(sg, l, fail_seq, h, b, MAXPG, &nb, &rb));
+            NO_DEVICE_SYNC(kvt_step_selection_get(sg, l, fail_seq, h, b, MAXPG, &nb, &rb));
             rescored += h != 3 && rb; /* head 3 is unstable: it rescores every step */
         }
     }
@@ -501,18 +501,18 @@ static void test_warmup_vs_cpu(void **state)
         so.method = cfg[c].method;
         so.vote = cfg[c].vote;
         so.vote_scale = 0.125f;
-        TU_OK(kvt_selector_create(&f.sel, &g, &so));
+        TU_OK(kvt_selector_create(&g, &so, &f.sel));
         kvt__cu_blas_forbid(cfg[c].no_blas);
         kvt_pool_opts oc = opts_of(&f, KVT_BACKEND_CPU, 420, 150, true);
         kvt_pool_opts og = opts_of(&f, KVT_BACKEND_CUDA, 420, 150, true);
-        TU_OK(kvt_pool_create(&f.cpu, &oc));
-        TU_OK(kvt_pool_create(&f.gpu, &og));
+        TU_OK(kvt_pool_create(&oc, &f.cpu));
+        TU_OK(kvt_pool_create(&og, &f.gpu));
         fx_buffers(&f);
         const uint32_t len[NS] = {300, 530, 700};
         float *obs = malloc((size_t)N_LAYERS * NOBS * HQ * HEAD_DIM * sizeof(float));
         kvt_mover *mc, *mg;
-        TU_OK(kvt_pool_mover(f.cpu, &mc));
-        TU_OK(kvt_pool_mover(f.gpu, &mg));
+        TU_OK(kvt_pool_mover_get(f.cpu, &mc));
+        TU_OK(kvt_pool_mover_get(f.gpu, &mg));
         for (uint32_t i = 0; i < NS; i++) {
             /* Each call starts from the same tiers on both pools: no
              * offload or read in flight (the host's free blocks decide
@@ -557,8 +557,8 @@ static void move_both(fx *f, const kvt_move *mc, uint32_t n)
     }
     kvt_mover *m1, *m2;
     kvt_fence f1, f2;
-    TU_OK(kvt_pool_mover(f->cpu, &m1));
-    TU_OK(kvt_pool_mover(f->gpu, &m2));
+    TU_OK(kvt_pool_mover_get(f->cpu, &m1));
+    TU_OK(kvt_pool_mover_get(f->gpu, &m2));
     TU_OK(kvt_mover_submit(m1, mc, n, 0, rc_c, &f1));
     TU_OK(kvt_mover_submit(m2, mg, n, 0, rc_g, &f2));
     TU_OK(kvt_mover_wait(m1, f1, UINT64_MAX));
@@ -592,12 +592,12 @@ static void run_moves(size_t kernel_max, bool unpinned)
     so.top_k_pages = 2;
     so.sink_pages = 1;
     so.local_pages = 1;
-    TU_OK(kvt_selector_create(&f.sel, &g, &so));
+    TU_OK(kvt_selector_create(&g, &so, &f.sel));
     kvt_pool_opts oc = opts_of(&f, KVT_BACKEND_CPU, 400, 64, false);
     kvt_pool_opts og = opts_of(&f, KVT_BACKEND_CUDA, 400, 64, false);
-    TU_OK(kvt_pool_create(&f.cpu, &oc));
+    TU_OK(kvt_pool_create(&oc, &f.cpu));
     kvt__cuda_pin_refuse = unpinned;
-    TU_OK(kvt_pool_create(&f.gpu, &og));
+    TU_OK(kvt_pool_create(&og, &f.gpu));
     kvt__cuda_pin_refuse = false;
     fx_buffers(&f);
     for (uint32_t i = 0; i < NS; i++)
@@ -631,13 +631,13 @@ static void run_moves(size_t kernel_max, bool unpinned)
         TU_OK(kvt_step_plan(f.gpu, f.ig, NS, &sg_o, &sg));
         rand_rows(&f.r, q, NS * HQ * HEAD_DIM);
         CU_OK(kvt__cu_memcpy(f.d_q, q, sizeof q));
-        TU_OK(kvt_attend(sc, 1, q, out, lse));
+        TU_OK(kvt_step_attend(sc, 1, q, out, lse));
         if (round == 0) {
-            TU_EXPECT_ERR(kvt_attend(sg, 1, f.d_q, f.d_out, f.d_lse), KVT_ESTATE,
+            TU_EXPECT_ERR(kvt_step_attend(sg, 1, f.d_q, f.d_out, f.d_lse), KVT_ESTATE,
                           "device tier");
             assert_non_null(strstr(kvt_last_error(), "2 selected pages"));
         } else {
-            TU_OK(kvt_attend(sg, 1, f.d_q, f.d_out, f.d_lse));
+            TU_OK(kvt_step_attend(sg, 1, f.d_q, f.d_out, f.d_lse));
             compare_layer(sc, sg, 1, out, lse, &f);
         }
         TU_OK(kvt_step_finish(sc));
@@ -654,7 +654,7 @@ static void run_moves(size_t kernel_max, bool unpinned)
      * copy and comparing every stored row. */
     {
         uint32_t T;
-        TU_OK(kvt_seq_length(f.cpu, s0, 0, &T));
+        TU_OK(kvt_seq_length_get(f.cpu, s0, 0, &T));
         /* Steps until the token that fills the page. */
         const uint32_t need = PAGE_TOKENS - T % PAGE_TOKENS;
         for (uint32_t st = 0; st < need; st++) {
@@ -666,8 +666,8 @@ static void run_moves(size_t kernel_max, bool unpinned)
             rand_rows(&f.r, v, NS * N_KV_HEADS * HEAD_DIM);
             CU_OK(kvt__cu_memcpy(f.d_k, k, sizeof k));
             CU_OK(kvt__cu_memcpy(f.d_v, v, sizeof v));
-            TU_OK(kvt_append(sc, 0, k, v, KVT_DTYPE_F32, 0));
-            TU_OK(kvt_append(sg, 0, f.d_k, f.d_v, KVT_DTYPE_F32, 0));
+            TU_OK(kvt_step_append(sc, 0, k, v, KVT_DTYPE_F32, 0));
+            TU_OK(kvt_step_append(sg, 0, f.d_k, f.d_v, KVT_DTYPE_F32, 0));
             if (st + 1 == need) { /* the page is full with this step's token, still queued */
                 const kvt_move out1[] = {{s0, 0, 0, T / PAGE_TOKENS, DV, HO, 0}};
                 move_both(&f, out1, 1);
@@ -707,9 +707,9 @@ static void test_copier_rounds(void **state)
     tu_rng r = {0xc09e5ull};
     kvt_geometry g = {N_LAYERS, N_KV_HEADS, HQ, HEAD_DIM, PAGE_TOKENS, KVT_DTYPE_F16, {0, 0}};
     kvt_selector_opts so = KVT_SELECTOR_OPTS_INIT;
-    TU_OK(kvt_selector_create(&f.sel, &g, &so));
+    TU_OK(kvt_selector_create(&g, &so, &f.sel));
     kvt_pool_opts og = opts_of(&f, KVT_BACKEND_CUDA, 64, 64, false);
-    TU_OK(kvt_pool_create(&f.gpu, &og));
+    TU_OK(kvt_pool_create(&og, &f.gpu));
     uint32_t size[NC], kind[NC];
     size_t off[NC], S = 0;
     for (uint32_t j = 0; j < NC; j++) {
@@ -807,7 +807,7 @@ static int reset_hooks(void **state)
     __atomic_store_n(&kvt__cuda_mv_fail_rounds, 0u, __ATOMIC_RELAXED);
     kvt__cuda_copy_kernel_max = KVT__CU_COPY_KERNEL_MAX;
     kvt__cuda_pin_refuse = false;
-    kvt__cuda_warm_budget = (size_t)64 << 20;
+    kvt__cuda_warm_budget = KVT__CU_WARM_BUDGET;
     kvt__cu_blas_forbid(0);
     return 0;
 }

@@ -205,7 +205,7 @@ impl Policy {
     pub fn new(geom: &Geometry, opts: Option<&PolicyOpts>) -> Result<Policy> {
         let mut raw = ptr::null_mut();
         let o = opts.map_or(ptr::null(), |o| o as *const _);
-        check(unsafe { sys::kvt_policy_create(&mut raw, geom, o) })?;
+        check(unsafe { sys::kvt_policy_create(geom, o, &mut raw) })?;
         Ok(Policy { raw: NonNull::new(raw).expect("kvt_policy_create returned NULL") })
     }
 
@@ -228,14 +228,14 @@ impl Policy {
         };
         let mut raw = ptr::null_mut();
         let o = opts.map_or(ptr::null(), |o| o as *const _);
-        check(unsafe { sys::kvt_policy_create_heads(&mut raw, geom, o, &heads) })?;
+        check(unsafe { sys::kvt_policy_create_heads(geom, o, &heads, &mut raw) })?;
         Ok(Policy { raw: NonNull::new(raw).expect("kvt_policy_create_heads returned NULL") })
     }
 
     /// Heads of class `class`.
     pub fn count(&self, class: HeadClass) -> Result<u32> {
         let mut n = 0;
-        check(unsafe { sys::kvt_policy_count(self.raw.as_ptr(), class, &mut n) })?;
+        check(unsafe { sys::kvt_policy_count_get(self.raw.as_ptr(), class, &mut n) })?;
         Ok(n)
     }
 
@@ -245,7 +245,7 @@ impl Policy {
             struct_size: std::mem::size_of::<sys::kvt_policy_head_info>() as u32,
             ..Default::default()
         };
-        check(unsafe { sys::kvt_policy_head(self.raw.as_ptr(), layer, kv_head, &mut info) })?;
+        check(unsafe { sys::kvt_policy_head_get(self.raw.as_ptr(), layer, kv_head, &mut info) })?;
         Ok(info)
     }
 
@@ -307,7 +307,7 @@ impl Selector {
     pub fn new(geom: &Geometry, opts: Option<&SelectorOpts>) -> Result<Selector> {
         let mut raw = ptr::null_mut();
         let o = opts.map_or(ptr::null(), |o| o as *const _);
-        check(unsafe { sys::kvt_selector_create(&mut raw, geom, o) })?;
+        check(unsafe { sys::kvt_selector_create(geom, o, &mut raw) })?;
         Ok(Selector { raw: NonNull::new(raw).expect("kvt_selector_create returned NULL") })
     }
 
@@ -321,7 +321,7 @@ impl Selector {
         local: u32,
     ) -> Result<()> {
         check(unsafe {
-            sys::kvt_selector_set_budget(self.raw.as_ptr(), layer, kv_head, top_k, sink, local)
+            sys::kvt_selector_budget_set(self.raw.as_ptr(), layer, kv_head, top_k, sink, local)
         })
     }
 
@@ -329,14 +329,14 @@ impl Selector {
     pub fn budget(&self, layer: u32, kv_head: u32) -> Result<(u32, u32, u32)> {
         let (mut k, mut s, mut l) = (0, 0, 0);
         check(unsafe {
-            sys::kvt_selector_get_budget(self.raw.as_ptr(), layer, kv_head, &mut k, &mut s, &mut l)
+            sys::kvt_selector_budget_get(self.raw.as_ptr(), layer, kv_head, &mut k, &mut s, &mut l)
         })?;
         Ok((k, s, l))
     }
 
     pub fn set_rerank_interval(&mut self, layer: u32, kv_head: u32, interval: u32) -> Result<()> {
         check(unsafe {
-            sys::kvt_selector_set_rerank_interval(self.raw.as_ptr(), layer, kv_head, interval)
+            sys::kvt_selector_rerank_interval_set(self.raw.as_ptr(), layer, kv_head, interval)
         })
     }
 
@@ -453,7 +453,7 @@ unsafe impl Send for Pool<'_> {}
 impl<'a> Pool<'a> {
     pub fn new(opts: &PoolOpts<'a>) -> Result<Pool<'a>> {
         let mut raw = ptr::null_mut();
-        check(unsafe { sys::kvt_pool_create(&mut raw, &opts.raw) })?;
+        check(unsafe { sys::kvt_pool_create(&opts.raw, &mut raw) })?;
         let raw = NonNull::new(raw).expect("kvt_pool_create returned NULL");
         let mut pool = Pool { raw, geom: Geometry::default(), _borrows: PhantomData };
         pool.geom = pool.geometry()?;
@@ -463,14 +463,14 @@ impl<'a> Pool<'a> {
     /// The geometry with defaults resolved.
     pub fn geometry(&self) -> Result<Geometry> {
         let mut g = Geometry::default();
-        check(unsafe { sys::kvt_pool_geometry(self.raw.as_ptr(), &mut g) })?;
+        check(unsafe { sys::kvt_pool_geometry_get(self.raw.as_ptr(), &mut g) })?;
         Ok(g)
     }
 
     pub fn stats(&self) -> Result<Stats> {
         let mut s =
             Stats { struct_size: std::mem::size_of::<Stats>() as u32, ..Default::default() };
-        check(unsafe { sys::kvt_pool_stats(self.raw.as_ptr(), &mut s) })?;
+        check(unsafe { sys::kvt_pool_stats_get(self.raw.as_ptr(), &mut s) })?;
         Ok(s)
     }
 
@@ -480,8 +480,10 @@ impl<'a> Pool<'a> {
     }
 
     /// "avx512", "avx2" or "portable".
-    pub fn kernel_isa(&self) -> &'static str {
-        static_cstr(unsafe { sys::kvt_pool_kernel_isa(self.raw.as_ptr()) })
+    pub fn kernel_isa(&self) -> Result<&'static str> {
+        let mut isa: *const c_char = std::ptr::null();
+        check(unsafe { sys::kvt_pool_kernel_isa_get(self.raw.as_ptr(), &mut isa) })?;
+        Ok(static_cstr(isa))
     }
 
     /// A new empty sequence; max_tokens 0 = the pool's limit.
@@ -536,7 +538,7 @@ impl<'a> Pool<'a> {
     /// Tokens appended to one layer.
     pub fn seq_length(&self, seq: SeqId, layer: u32) -> Result<u32> {
         let mut n = 0;
-        check(unsafe { sys::kvt_seq_length(self.raw.as_ptr(), seq.0, layer, &mut n) })?;
+        check(unsafe { sys::kvt_seq_length_get(self.raw.as_ptr(), seq.0, layer, &mut n) })?;
         Ok(n)
     }
 
@@ -562,7 +564,7 @@ impl<'a> Pool<'a> {
         let n = n_pages as usize;
         let (mut d, mut h, mut r) = (vec![0u32; n], vec![0u32; n], vec![0u8; n]);
         check(unsafe {
-            sys::kvt_seq_block_table(
+            sys::kvt_seq_block_table_get(
                 self.raw.as_ptr(),
                 seq.0,
                 layer,
@@ -737,7 +739,7 @@ impl<'p> Step<'p> {
         need("k", k.len(), want)?;
         need("v", v.len(), want)?;
         check(unsafe {
-            sys::kvt_append(
+            sys::kvt_step_append(
                 self.raw.as_ptr(),
                 layer,
                 k.as_ptr() as *const c_void,
@@ -748,20 +750,15 @@ impl<'p> Step<'p> {
         })
     }
 
-    /// Selects the pages of `layer` (kvt_step_select).
+    /// Selects the pages of `layer` (kvt_step_select; in a tiered pool the
+    /// fused rerank/recycle).
     pub fn select(&mut self, layer: u32, q: &[f32]) -> Result<()> {
         need("q", q.len(), self.q_len())?;
         check(unsafe { sys::kvt_step_select(self.raw.as_ptr(), layer, q.as_ptr()) })
     }
 
-    /// The fused rerank/recycle of a tiered pool (kvt_rerank_recycle).
-    pub fn rerank_recycle(&mut self, layer: u32, q: &[f32]) -> Result<()> {
-        need("q", q.len(), self.q_len())?;
-        check(unsafe { sys::kvt_rerank_recycle(self.raw.as_ptr(), layer, q.as_ptr()) })
-    }
-
     /// Attention over the pages selected for `layer`.
-    pub fn sparse_decode(
+    pub fn decode(
         &mut self,
         layer: u32,
         q: &[f32],
@@ -779,11 +776,11 @@ impl<'p> Step<'p> {
             None => ptr::null_mut(),
         };
         check(unsafe {
-            sys::kvt_sparse_decode(self.raw.as_ptr(), layer, q.as_ptr(), out.as_mut_ptr(), lse_ptr)
+            sys::kvt_step_decode(self.raw.as_ptr(), layer, q.as_ptr(), out.as_mut_ptr(), lse_ptr)
         })
     }
 
-    /// select followed by sparse_decode.
+    /// select followed by decode.
     pub fn attend(
         &mut self,
         layer: u32,
@@ -792,13 +789,13 @@ impl<'p> Step<'p> {
         lse: Option<&mut [f32]>,
     ) -> Result<()> {
         self.select(layer, q)?;
-        self.sparse_decode(layer, q, out, lse)
+        self.decode(layer, q, out, lse)
     }
 
     /// Whether no page of sequence `seq_index` is on its way to the device.
     pub fn ready(&mut self, seq_index: u32) -> Result<bool> {
         let mut r = 0u32;
-        check(unsafe { sys::kvt_step_ready(self.raw.as_ptr(), seq_index, &mut r) })?;
+        check(unsafe { sys::kvt_step_ready_get(self.raw.as_ptr(), seq_index, &mut r) })?;
         Ok(r != 0)
     }
 
@@ -806,7 +803,7 @@ impl<'p> Step<'p> {
     pub fn dirty(&self, layer: u32, seq_index: u32, kv_head: u32) -> Result<(u32, u32)> {
         let (mut f, mut n) = (0, 0);
         check(unsafe {
-            sys::kvt_step_dirty(self.raw.as_ptr(), layer, seq_index, kv_head, &mut f, &mut n)
+            sys::kvt_step_dirty_get(self.raw.as_ptr(), layer, seq_index, kv_head, &mut f, &mut n)
         })?;
         Ok((f, n))
     }
@@ -824,7 +821,7 @@ impl<'p> Step<'p> {
         let (mut n, mut rr) = (0u32, 0u32);
         let p = if cap == 0 { ptr::null_mut() } else { pages.as_mut_ptr() };
         check(unsafe {
-            sys::kvt_step_selection(
+            sys::kvt_step_selection_get(
                 self.raw.as_ptr(),
                 layer,
                 seq_index,
@@ -854,7 +851,7 @@ impl<'p> Step<'p> {
     pub fn seq_length(&self, seq_index: u32, layer: u32) -> Result<u32> {
         let seq = self.seq(seq_index)?;
         let mut n = 0;
-        check(unsafe { sys::kvt_seq_length(self.pool.as_ptr(), seq.0, layer, &mut n) })?;
+        check(unsafe { sys::kvt_seq_length_get(self.pool.as_ptr(), seq.0, layer, &mut n) })?;
         Ok(n)
     }
 

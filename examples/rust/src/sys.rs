@@ -129,13 +129,11 @@ pub struct kvt_pool_opts {
     pub n_threads: u32,
     pub flags: u32,
     pub cuda_device: i32,
-    pub reserved0: u32,
+    pub target_seqs: u32,
     pub mover: *const kvt_mover_opts,
     pub policy: *const kvt_policy,
     pub selector: *const kvt_selector,
     pub target_tokens: u64,
-    pub target_seqs: u32,
-    pub reserved1: u32,
 }
 
 #[repr(C)]
@@ -311,7 +309,7 @@ pub struct kvt_profiler_head_stats {
     pub benefit: [u64; KVT_PROFILER_WINDOWS],
 }
 
-// ---- kernels.h --------------------------------------------------------------
+// ---- step.h -----------------------------------------------------------------
 pub const KVT_STEP_DENSE: u32 = 1 << 0;
 
 #[repr(C)]
@@ -320,11 +318,11 @@ pub struct kvt_step_opts {
     pub struct_size: u32,
     pub flags: u32,
     pub selector: *const kvt_selector,
-    pub scale: f32,
-    pub reserved: u32,
     pub policy: *const kvt_policy,
     pub profiler: *mut kvt_profiler,
     pub stream: *mut std::ffi::c_void,
+    pub scale: f32,
+    pub reserved: u32,
 }
 
 // ---- mover.h ----------------------------------------------------------------
@@ -404,10 +402,10 @@ extern "C" {
     // pool.h
     pub fn kvt_pool_opts_init(opts: *mut kvt_pool_opts) -> c_int;
     pub fn kvt_pool_sizing_get(opts: *const kvt_pool_opts, out: *mut kvt_pool_sizing) -> c_int;
-    pub fn kvt_pool_create(out: *mut *mut kvt_pool, opts: *const kvt_pool_opts) -> c_int;
+    pub fn kvt_pool_create(opts: *const kvt_pool_opts, out: *mut *mut kvt_pool) -> c_int;
     pub fn kvt_pool_destroy(pool: *mut kvt_pool);
-    pub fn kvt_pool_geometry(pool: *const kvt_pool, out: *mut kvt_geometry) -> c_int;
-    pub fn kvt_pool_stats(pool: *const kvt_pool, stats: *mut kvt_stats) -> c_int;
+    pub fn kvt_pool_geometry_get(pool: *const kvt_pool, out: *mut kvt_geometry) -> c_int;
+    pub fn kvt_pool_stats_get(pool: *const kvt_pool, stats: *mut kvt_stats) -> c_int;
     pub fn kvt_pool_check(pool: *const kvt_pool) -> c_int;
     pub fn kvt_seq_opts_init(opts: *mut kvt_seq_opts) -> c_int;
     pub fn kvt_seq_create(
@@ -431,7 +429,7 @@ extern "C" {
         seq: kvt_seq_id,
         info: *mut kvt_seq_info,
     ) -> c_int;
-    pub fn kvt_seq_length(
+    pub fn kvt_seq_length_get(
         pool: *const kvt_pool,
         seq: kvt_seq_id,
         layer: u32,
@@ -443,7 +441,7 @@ extern "C" {
         obs_queries: *const f32,
         n_obs: u32,
     ) -> c_int;
-    pub fn kvt_seq_block_table(
+    pub fn kvt_seq_block_table_get(
         pool: *const kvt_pool,
         seq: kvt_seq_id,
         layer: u32,
@@ -464,7 +462,7 @@ extern "C" {
         k_out: *mut std::ffi::c_void,
         v_out: *mut std::ffi::c_void,
     ) -> c_int;
-    pub fn kvt_seq_page_meta(
+    pub fn kvt_seq_page_meta_get(
         pool: *const kvt_pool,
         seq: kvt_seq_id,
         layer: u32,
@@ -478,12 +476,12 @@ extern "C" {
     // selector.h
     pub fn kvt_selector_opts_init(opts: *mut kvt_selector_opts) -> c_int;
     pub fn kvt_selector_create(
-        out: *mut *mut kvt_selector,
         geom: *const kvt_geometry,
         opts: *const kvt_selector_opts,
+        out: *mut *mut kvt_selector,
     ) -> c_int;
     pub fn kvt_selector_destroy(sel: *mut kvt_selector);
-    pub fn kvt_selector_set_budget(
+    pub fn kvt_selector_budget_set(
         sel: *mut kvt_selector,
         layer: u32,
         kv_head: u32,
@@ -491,7 +489,7 @@ extern "C" {
         sink_pages: u32,
         local_pages: u32,
     ) -> c_int;
-    pub fn kvt_selector_get_budget(
+    pub fn kvt_selector_budget_get(
         sel: *const kvt_selector,
         layer: u32,
         kv_head: u32,
@@ -499,13 +497,13 @@ extern "C" {
         sink_pages: *mut u32,
         local_pages: *mut u32,
     ) -> c_int;
-    pub fn kvt_selector_set_rerank_interval(
+    pub fn kvt_selector_rerank_interval_set(
         sel: *mut kvt_selector,
         layer: u32,
         kv_head: u32,
         interval: u32,
     ) -> c_int;
-    pub fn kvt_select(
+    pub fn kvt_selector_select(
         sel: *const kvt_selector,
         pool: *const kvt_pool,
         seq: kvt_seq_id,
@@ -521,30 +519,30 @@ extern "C" {
     // policy.h
     pub fn kvt_policy_opts_init(opts: *mut kvt_policy_opts) -> c_int;
     pub fn kvt_policy_create(
-        out: *mut *mut kvt_policy,
         geom: *const kvt_geometry,
         opts: *const kvt_policy_opts,
+        out: *mut *mut kvt_policy,
     ) -> c_int;
     pub fn kvt_policy_create_heads(
-        out: *mut *mut kvt_policy,
         geom: *const kvt_geometry,
         opts: *const kvt_policy_opts,
         heads: *const kvt_policy_heads,
+        out: *mut *mut kvt_policy,
     ) -> c_int;
     pub fn kvt_policy_destroy(pol: *mut kvt_policy);
-    pub fn kvt_policy_head(
+    pub fn kvt_policy_head_get(
         pol: *const kvt_policy,
         layer: u32,
         kv_head: u32,
         info: *mut kvt_policy_head_info,
     ) -> c_int;
-    pub fn kvt_policy_geometry(pol: *const kvt_policy, out: *mut kvt_geometry) -> c_int;
-    pub fn kvt_policy_count(
+    pub fn kvt_policy_geometry_get(pol: *const kvt_policy, out: *mut kvt_geometry) -> c_int;
+    pub fn kvt_policy_count_get(
         pol: *const kvt_policy,
         head_class: kvt_head_class,
         n_heads: *mut u32,
     ) -> c_int;
-    pub fn kvt_policy_device_pages(
+    pub fn kvt_policy_device_pages_get(
         pol: *const kvt_policy,
         ctx_tokens: u64,
         device_pages: *mut u64,
@@ -564,22 +562,22 @@ extern "C" {
         needed: *mut usize,
     ) -> c_int;
     pub fn kvt_policy_load_buffer(
-        out: *mut *mut kvt_policy,
         data: *const std::ffi::c_void,
         size: usize,
         expect: *const kvt_geometry,
+        out: *mut *mut kvt_policy,
     ) -> c_int;
     pub fn kvt_policy_save(pol: *const kvt_policy, path: *const c_char) -> c_int;
     pub fn kvt_policy_load(
-        out: *mut *mut kvt_policy,
         path: *const c_char,
         expect: *const kvt_geometry,
+        out: *mut *mut kvt_policy,
     ) -> c_int;
     pub fn kvt_profiler_opts_init(opts: *mut kvt_profiler_opts) -> c_int;
     pub fn kvt_profiler_create(
-        out: *mut *mut kvt_profiler,
         geom: *const kvt_geometry,
         opts: *const kvt_profiler_opts,
+        out: *mut *mut kvt_profiler,
     ) -> c_int;
     pub fn kvt_profiler_destroy(prof: *mut kvt_profiler);
     pub fn kvt_profiler_record(
@@ -591,7 +589,7 @@ extern "C" {
         n_pages: u32,
         n_candidates: u32,
     ) -> c_int;
-    pub fn kvt_profiler_head(
+    pub fn kvt_profiler_head_get(
         prof: *const kvt_profiler,
         layer: u32,
         kv_head: u32,
@@ -604,7 +602,7 @@ extern "C" {
         out: *mut *mut kvt_policy,
     ) -> c_int;
 
-    // kernels.h
+    // step.h
     pub fn kvt_step_opts_init(opts: *mut kvt_step_opts) -> c_int;
     pub fn kvt_step_plan(
         pool: *mut kvt_pool,
@@ -614,7 +612,7 @@ extern "C" {
         out: *mut *mut kvt_step,
     ) -> c_int;
     pub fn kvt_step_finish(step: *mut kvt_step) -> c_int;
-    pub fn kvt_append(
+    pub fn kvt_step_append(
         step: *mut kvt_step,
         layer: u32,
         k: *const std::ffi::c_void,
@@ -623,9 +621,8 @@ extern "C" {
         seq_stride: u64,
     ) -> c_int;
     pub fn kvt_step_select(step: *mut kvt_step, layer: u32, q: *const f32) -> c_int;
-    pub fn kvt_rerank_recycle(step: *mut kvt_step, layer: u32, q: *const f32) -> c_int;
-    pub fn kvt_step_ready(step: *mut kvt_step, seq_index: u32, ready: *mut u32) -> c_int;
-    pub fn kvt_step_dirty(
+    pub fn kvt_step_ready_get(step: *mut kvt_step, seq_index: u32, ready: *mut u32) -> c_int;
+    pub fn kvt_step_dirty_get(
         step: *const kvt_step,
         layer: u32,
         seq_index: u32,
@@ -633,21 +630,21 @@ extern "C" {
         first_page: *mut u32,
         n_pages: *mut u32,
     ) -> c_int;
-    pub fn kvt_sparse_decode(
+    pub fn kvt_step_decode(
         step: *mut kvt_step,
         layer: u32,
         q: *const f32,
         out: *mut f32,
         lse: *mut f32,
     ) -> c_int;
-    pub fn kvt_attend(
+    pub fn kvt_step_attend(
         step: *mut kvt_step,
         layer: u32,
         q: *const f32,
         out: *mut f32,
         lse: *mut f32,
     ) -> c_int;
-    pub fn kvt_step_selection(
+    pub fn kvt_step_selection_get(
         step: *const kvt_step,
         layer: u32,
         seq_index: u32,
@@ -657,11 +654,11 @@ extern "C" {
         n_pages: *mut u32,
         reranked: *mut u32,
     ) -> c_int;
-    pub fn kvt_pool_kernel_isa(pool: *const kvt_pool) -> *const c_char;
+    pub fn kvt_pool_kernel_isa_get(pool: *const kvt_pool, isa: *mut *const c_char) -> c_int;
 
     // mover.h
     pub fn kvt_mover_opts_init(opts: *mut kvt_mover_opts) -> c_int;
-    pub fn kvt_pool_mover(pool: *mut kvt_pool, out: *mut *mut kvt_mover) -> c_int;
+    pub fn kvt_pool_mover_get(pool: *mut kvt_pool, out: *mut *mut kvt_mover) -> c_int;
     pub fn kvt_mover_submit(
         mover: *mut kvt_mover,
         moves: *const kvt_move,
@@ -673,7 +670,7 @@ extern "C" {
     pub fn kvt_mover_poll(mover: *mut kvt_mover, fence: kvt_fence) -> c_int;
     pub fn kvt_mover_wait(mover: *mut kvt_mover, fence: kvt_fence, timeout_ns: u64) -> c_int;
     pub fn kvt_mover_stats_get(mover: *const kvt_mover, stats: *mut kvt_mover_stats) -> c_int;
-    pub fn kvt_pool_disk_path(
+    pub fn kvt_pool_disk_path_get(
         pool: *const kvt_pool,
         buf: *mut c_char,
         cap: usize,

@@ -135,7 +135,7 @@ fn tiered_decode_loop_matches_reference() {
     let opts = tiered_opts(geom, &pol, &sel);
     let mut pool = Pool::new(&opts).expect("pool");
     assert_eq!(pool.geometry().unwrap().page_tokens, P);
-    let isa = pool.kernel_isa();
+    let isa = pool.kernel_isa().unwrap();
     assert!(["avx512", "avx2", "portable"].contains(&isa), "{isa}");
     let seq = pool.seq_create(0, 42).expect("seq");
 
@@ -174,13 +174,13 @@ fn tiered_decode_loop_matches_reference() {
         let pos = PREFILL + s;
         let mut step = pool.step(&[seq], &StepOpts::new()).expect("plan");
         if !step.ready(0).expect("ready") {
-            not_ready += 1; // sparse_decode waits for the promoted pages
+            not_ready += 1; // decode waits for the promoted pages
         }
         for l in 0..L {
             let q = queries(l, pos);
             step.append(l, &kv_rows(0, l, pos), &kv_rows(1, l, pos)).expect("append");
-            step.rerank_recycle(l, &q).expect("rerank_recycle");
-            step.sparse_decode(l, &q, &mut out, Some(&mut lse)).expect("sparse_decode");
+            step.select(l, &q).expect("select");
+            step.decode(l, &q, &mut out, Some(&mut lse)).expect("decode");
             // Reference over the selected pages, K/V read back from the pool.
             let len = pos + 1;
             assert_eq!(step.seq_length(0, l).unwrap(), len);
@@ -275,12 +275,12 @@ fn errors_carry_code_and_message() {
         let q = queries(0, 0);
         let mut out = vec![0f32; (HQ * D) as usize];
         step.append(0, &k, &v).unwrap();
-        let e = step.sparse_decode(0, &q, &mut out, None).unwrap_err();
+        let e = step.decode(0, &q, &mut out, None).unwrap_err();
         assert_eq!(e.code, sys::KVT_ESTATE, "decode before select: {e}");
         let e = step.selection(0, 1, 0).unwrap_err();
         assert_eq!(e.code, sys::KVT_EINVAL, "{e}");
         assert!(e.message.contains("seq_index"), "{e}");
-        let e = step.rerank_recycle(0, &q[..3]).unwrap_err();
+        let e = step.select(0, &q[..3]).unwrap_err();
         assert!(e.message.starts_with("q:"), "{e}");
     } // dropped: kvt_step_finish
     let step = pool.step(&[seq], &StepOpts::new()).expect("plan after a dropped step");

@@ -66,13 +66,11 @@ fn rust_structs() -> Vec<RStruct> {
             n_threads,
             flags,
             cuda_device,
-            reserved0,
+            target_seqs,
             mover,
             policy,
             selector,
             target_tokens,
-            target_seqs,
-            reserved1,
         }),
         rust_layout!(kvt_pool_sizing {
             struct_size,
@@ -187,11 +185,11 @@ fn rust_structs() -> Vec<RStruct> {
             struct_size,
             flags,
             selector,
-            scale,
-            reserved,
             policy,
             profiler,
-            stream
+            stream,
+            scale,
+            reserved
         }),
         rust_layout!(kvt_mover_opts {
             struct_size,

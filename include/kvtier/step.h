@@ -5,8 +5,8 @@
  *
  *   kvt_step_plan(pool, seqs, n, &opts, &step);   // allocation happens here
  *   for each layer:
- *       kvt_append(step, layer, k, v, dtype, 0);   // one new token per sequence
- *       kvt_attend(step, layer, q, out, lse);      // = kvt_step_select + kvt_sparse_decode
+ *       kvt_step_append(step, layer, k, v, dtype, 0);   // one new token per sequence
+ *       kvt_step_attend(step, layer, q, out, lse);      // = kvt_step_select + kvt_step_decode
  *   kvt_step_finish(step);
  *
  * The per-layer calls do no memory allocation. Work is split over the pool's
@@ -25,7 +25,7 @@
  * the engine orders its own kernels after them on that stream.
  * kvt_step_plan may wait: for the previous step's kernels (before reusing
  * their buffers) and, when a sequence's block table grew, for the device
- * (the table is uploaded whole). kvt_step_selection waits for the step's
+ * (the table is uploaded whole). kvt_step_selection_get waits for the step's
  * work (it returns host data). The calls make the pool's device
  * (kvt_pool_opts.cuda_device) current on the calling thread.
  *
@@ -33,8 +33,8 @@
  * step, and the pool, its sequences and the step are used by one thread at a
  * time (the library's own worker threads excepted).
  */
-#ifndef KVTIER_KERNELS_H
-#define KVTIER_KERNELS_H
+#ifndef KVTIER_STEP_H
+#define KVTIER_STEP_H
 
 #include "kvtier/common.h"
 #include "kvtier/policy.h"
@@ -58,10 +58,6 @@ typedef struct kvt_step_opts {
                                     pool has one (kvt_pool_opts.selector,
                                     used when this is NULL); must match the
                                     pool's geometry and outlive the step */
-    float scale;                 /* softmax scale; 0 = 1/sqrt(head_dim) */
-    uint32_t reserved;           /* must be zero */
-    /* Fields below were appended to the first version (which stays
-     * accepted: its struct_size reads them as NULL). */
     const kvt_policy *policy;    /* per-head top-K, sink, local pages and
                                     rerank interval in place of the
                                     selector's (which still scores and
@@ -73,8 +69,6 @@ typedef struct kvt_step_opts {
                                     top-K set of every head it reranks
                                     (extra work on the calling thread);
                                     same geometry as the pool. NULL = none */
-    /* Appended to the second version (which stays accepted: its
-     * struct_size reads this as NULL). */
     void *stream;                /* the engine's stream (a cudaStream_t) that
                                     every kernel of the step is ordered on
                                     (CUDA backend; the per-layer calls then
@@ -85,9 +79,11 @@ typedef struct kvt_step_opts {
                                     The CPU backend runs the kernels on the
                                     calling thread and the pool's workers,
                                     in call order, and ignores it */
+    float scale;                 /* softmax scale; 0 = 1/sqrt(head_dim) */
+    uint32_t reserved;           /* must be zero */
 } kvt_step_opts;
 
-#define KVT_STEP_OPTS_INIT { (uint32_t)sizeof(kvt_step_opts), 0u, NULL, 0.0f, 0u, NULL, NULL, NULL }
+#define KVT_STEP_OPTS_INIT { (uint32_t)sizeof(kvt_step_opts), 0u, NULL, NULL, NULL, NULL, 0.0f, 0u }
 KVT_API int kvt_step_opts_init(kvt_step_opts *opts);
 
 /* Plans one decode step over n_seqs distinct live sequences: checks them
@@ -112,45 +108,44 @@ KVT_API int kvt_step_finish(kvt_step *step);
  * (0 = n_kv_heads * head_dim). Once per layer and step, before that
  * layer's kvt_step_select (KVT_ESTATE otherwise); all-or-nothing over the
  * sequences. */
-KVT_API int kvt_append(kvt_step *step, uint32_t layer, const void *k, const void *v,
-                       kvt_dtype src_dtype, uint64_t seq_stride);
+KVT_API int kvt_step_append(kvt_step *step, uint32_t layer, const void *k, const void *v,
+                            kvt_dtype src_dtype, uint64_t seq_stride);
 
 /* Selects the pages of `layer` for every (sequence, KV head): heads due for
  * a rerank are scored and reselected, the others reuse their last top-K
- * pages. A KVT_STEP_DENSE step selects every page. In a tiered pool this is
- * kvt_rerank_recycle. */
-KVT_API int kvt_step_select(kvt_step *step, uint32_t layer, const float *q);
-
-/* The fused rerank/recycle of a tiered pool (kvt_pool_opts.policy), the
- * same call as kvt_step_select in any other pool. Heads due this step are
- * scored and reselected; then, in one pass per (sequence, stable head): pages
- * resident on device but no longer selected are evicted (only pages another
- * tier holds; with a window above 1 the lowest-scoring first, so up to
+ * pages. A KVT_STEP_DENSE step selects every page.
+ *
+ * In a tiered pool (kvt_pool_opts.policy) this is the fused rerank/recycle:
+ * after selecting, in one pass per (sequence, stable head), pages resident
+ * on device but no longer selected are evicted (only pages another tier
+ * holds; with a window above 1 the lowest-scoring first, so up to
  * top_k_pages x window stay cached) and pages selected but not on device are
  * promoted: each evicted page's device block is handed to a promoted page
  * directly, and the copies (host -> device, or disk -> device through the
  * staging buffers) go to the mover as one urgent batch per sequence. The
  * block-table entries this changes are recorded as the step's dirty ranges
- * (kvt_step_dirty). KVT_ENOSPC (nothing placed) if the device tier cannot
- * take the promoted pages. */
-KVT_API int kvt_rerank_recycle(kvt_step *step, uint32_t layer, const float *q);
+ * (kvt_step_dirty_get). KVT_ENOSPC if the device tier cannot take a
+ * sequence's promoted pages: the sequences placed before it keep their
+ * placement, that sequence and the ones after it are not placed and rescore
+ * their heads at their next step. */
+KVT_API int kvt_step_select(kvt_step *step, uint32_t layer, const float *q);
 
 /* *ready = 1 when no page of sequence seq_index of the plan is on its way to
- * the device tier (promotions of the latest kvt_rerank_recycle, or of
+ * the device tier (promotions of the latest kvt_step_select, or of
  * kvt_seq_warmup), else 0. Right after kvt_step_plan it tells the engine
  * which sequences are still reloading, so it can leave them out of the
- * batch (finish the step and plan again); kvt_sparse_decode decodes the
+ * batch (finish the step and plan again); kvt_step_decode decodes the
  * ready sequences first and waits only for the others. Applies finished
  * moves; never waits. */
-KVT_API int kvt_step_ready(kvt_step *step, uint32_t seq_index, uint32_t *ready);
+KVT_API int kvt_step_ready_get(kvt_step *step, uint32_t seq_index, uint32_t *ready);
 
 /* The range of device block-table entries of (layer, sequence seq_index,
  * kv_head) changed since the step was planned: appends, recycling,
  * promotions landing and evictions. *first_page and *n_pages (0: nothing
  * changed) bound every changed entry. A backend that mirrors the tables
  * (CUDA) copies only these ranges. */
-KVT_API int kvt_step_dirty(const kvt_step *step, uint32_t layer, uint32_t seq_index,
-                           uint32_t kv_head, uint32_t *first_page, uint32_t *n_pages);
+KVT_API int kvt_step_dirty_get(const kvt_step *step, uint32_t layer, uint32_t seq_index,
+                               uint32_t kv_head, uint32_t *first_page, uint32_t *n_pages);
 
 /* Attention of every query head over the pages kvt_step_select chose for
  * `layer`. A step keeps one selection, the latest: KVT_ESTATE unless the
@@ -165,28 +160,23 @@ KVT_API int kvt_step_dirty(const kvt_step *step, uint32_t layer, uint32_t seq_in
  * KVT_ECORRUPT) is returned after every other sequence is decoded, with the
  * failing sequence's output zeroed and its lse -infinity; its heads rescore
  * at the next step, so it decodes again once the fault clears. */
-KVT_API int kvt_sparse_decode(kvt_step *step, uint32_t layer, const float *q, float *out,
-                              float *lse);
+KVT_API int kvt_step_decode(kvt_step *step, uint32_t layer, const float *q, float *out,
+                            float *lse);
 
-/* kvt_step_select followed by kvt_sparse_decode. */
-KVT_API int kvt_attend(kvt_step *step, uint32_t layer, const float *q, float *out, float *lse);
+/* kvt_step_select followed by kvt_step_decode. */
+KVT_API int kvt_step_attend(kvt_step *step, uint32_t layer, const float *q, float *out, float *lse);
 
 /* Copies the pages selected for (layer, sequence seq_index of the plan,
  * kv_head) by the latest kvt_step_select of this step (KVT_ESTATE if that
  * was for another layer), in increasing order. pages may be NULL only
  * when capacity is 0.
  * *reranked (may be NULL) tells whether the head was rescored this step. */
-KVT_API int kvt_step_selection(const kvt_step *step, uint32_t layer, uint32_t seq_index,
-                               uint32_t kv_head, uint32_t *pages, uint32_t capacity,
-                               uint32_t *n_pages, uint32_t *reranked);
-
-/* The instruction set the pool's CPU kernels use: "avx512", "avx2" or
- * "portable". Chosen at pool creation from cpuid; the environment variable
- * KVTIER_SIMD=avx512|avx2|portable caps it (for tests and benchmarks). */
-KVT_API const char *kvt_pool_kernel_isa(const kvt_pool *pool);
+KVT_API int kvt_step_selection_get(const kvt_step *step, uint32_t layer, uint32_t seq_index,
+                                   uint32_t kv_head, uint32_t *pages, uint32_t capacity,
+                                   uint32_t *n_pages, uint32_t *reranked);
 
 #ifdef __cplusplus
 }
 #endif
 
-#endif /* KVTIER_KERNELS_H */
+#endif /* KVTIER_STEP_H */
