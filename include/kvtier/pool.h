@@ -150,9 +150,7 @@ typedef struct kvt_stats {
     kvt_tier_stats tier[KVT_NUM_TIERS];
     uint64_t moved_bytes[KVT_NUM_DIRS];
     uint64_t moved_requests[KVT_NUM_DIRS];
-    /* Tiered placement counters (appended to the first version; a caller
-     * with the older struct_size does not get them). Cumulative since the
-     * pool was created. */
+    /* Tiered placement counters, cumulative since the pool was created. */
     uint64_t sel_pages;         /* pages stable heads' selections held,
                                    summed over every selection of every step */
     uint64_t sel_resident;      /* ... of which were in the device tier

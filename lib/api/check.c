@@ -180,9 +180,9 @@ static int kvt__check_seq(const kvt_pool *p, uint32_t si, kvt__mark *marks, kvt_
             }
         }
     }
-    if (busy != s->busy)
+    if (busy != s->tier.busy)
         return kvt__err(KVT_EINTERNAL, "seq slot %u: counts %u pages in flight, tables mark %u",
-                        si, s->busy, busy);
+                        si, s->tier.busy, busy);
     for (uint32_t t = 0; t < KVT_NUM_TIERS; t++) {
         if (mine[t] != s->pages_in_tier[t])
             return kvt__err(KVT_EINTERNAL, "seq slot %u: counts %llu pages in the %s, tables "

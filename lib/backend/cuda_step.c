@@ -141,11 +141,11 @@ int kvt__cuda_step_append(kvt_step *st, uint32_t layer, const void *k, const voi
             if (cur[i] % P == 0) { /* the token opens a page: its entries go up */
                 sdev[nr] = s->dev_block[e];
                 smeta[nr] = s->meta_slot[e];
-                rg[nr] = (kvt__cu_range){nr, s->cu_off + e, 1, 0};
+                rg[nr] = (kvt__cu_range){nr, s->be.cu_off + e, 1, 0};
                 nr++;
             }
             it[(size_t)i * H + h] = (kvt__cu_append_item){
-                (uint64_t)i * seq_stride + (uint64_t)h * D, 0, s->cu_off + lh * s->cap_pages,
+                (uint64_t)i * seq_stride + (uint64_t)h * D, 0, s->be.cu_off + lh * s->cap_pages,
                 ((uint64_t)slot * c->LH + lh) * 3u * D, cur[i], 1};
         }
     }
@@ -205,11 +205,11 @@ int kvt__cuda_step_select(kvt_step *st, uint32_t layer, const float *q)
             const uint32_t scored = mode == KVT__CU_SF_RERANK ? np : 0;
             n_rr += scored != 0;
             sc[ih] = (kvt__cu_score_item){((uint64_t)i * st->Hq + (uint64_t)h * G) * D,
-                                          s->cu_off + lh * s->cap_pages, off, scored, 0};
+                                          s->be.cu_off + lh * s->cap_pages, off, scored, 0};
             tk[ih] = (kvt__cu_topk_item){off, off, scored, tokens, k, sink, local, 0};
             sf[ih] = (kvt__cu_sf_item){off,
                                        ((uint64_t)slot * c->LH + lh) * c->kcap,
-                                       s->cu_off + lh * s->cap_pages,
+                                       s->be.cu_off + lh * s->cap_pages,
                                        (uint32_t)(slot * c->LH + lh), mode, np, tokens, sink,
                                        local};
             at[ih] = (kvt__cu_attn_item){((uint64_t)i * st->Hq + (uint64_t)h * G) * D,
@@ -245,9 +245,9 @@ int kvt__cuda_step_select(kvt_step *st, uint32_t layer, const float *q)
     /* The saved set is this K's once the finish is queued; a failed launch
      * may have left it half written: rerank next time. */
     for (uint32_t i = 0; i < st->n; i++)
-        for (uint32_t h = 0; h < H && st->seqs[i]->topk; h++)
+        for (uint32_t h = 0; h < H && st->seqs[i]->sel.topk; h++)
             if (st->sel_rr[(size_t)i * H + h])
-                st->seqs[i]->topk_k[kvt__lh(p, layer, h)] =
+                st->seqs[i]->sel.topk_k[kvt__lh(p, layer, h)] =
                     rc ? 0u : st->k[kvt__lh(p, layer, h)] + 1u;
     if (!rc)
         c->selected[layer] = 1;
@@ -409,17 +409,17 @@ int kvt__cuda_step_fetch(kvt_step *st, uint32_t layer, const uint32_t **sel)
              * eviction order and lookahead eviction), as on the CPU. */
             if (!st->sel_rr[ih] || !np)
                 continue;
-            memcpy(s->imp + lh * s->cap_pages, c->h_vote + st->sel_off[ih],
+            memcpy(s->tier.imp + lh * s->cap_pages, c->h_vote + st->sel_off[ih],
                    (size_t)np * sizeof(float));
             /* The host keeps the top-K part too, as the CPU backend does:
              * the trim after a prefill keeps those pages on device. */
             const uint32_t k = st->k[lh], nk = c->h_nsel[items + ih];
-            if (s->topk && (k <= s->topk_cap || np <= s->topk_cap) && nk <= s->topk_cap) {
-                memcpy(s->topk + lh * s->topk_cap, c->h_blk + st->sel_off[ih],
+            if (s->sel.topk && (k <= s->sel.topk_cap || np <= s->sel.topk_cap) && nk <= s->sel.topk_cap) {
+                memcpy(s->sel.topk + lh * s->sel.topk_cap, c->h_blk + st->sel_off[ih],
                        (size_t)nk * sizeof(uint32_t));
-                s->topk_n[lh] = nk;
-            } else if (s->topk) {
-                s->topk_k[lh] = 0; /* the GPU's set is kept; the host's is not */
+                s->sel.topk_n[lh] = nk;
+            } else if (s->sel.topk) {
+                s->sel.topk_k[lh] = 0; /* the GPU's set is kept; the host's is not */
             }
         }
     }

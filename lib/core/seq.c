@@ -44,18 +44,18 @@ void kvt__seq_fini(kvt__seq *s)
     free(s->meta_slot);
     free(s->res);
     free(s->acc);
-    free(s->topk);
-    free(s->topk_n);
-    free(s->topk_k);
-    free(s->imp);
-    free(s->use);
-    free(s->disk_ext);
-    free(s->off_next);
-    free(s->dlo);
-    free(s->dhi);
-    free(s->dstamp);
-    free(s->cu_lo);
-    free(s->cu_hi);
+    free(s->sel.topk);
+    free(s->sel.topk_n);
+    free(s->sel.topk_k);
+    free(s->tier.imp);
+    free(s->tier.use);
+    free(s->tier.disk_ext);
+    free(s->tier.off_next);
+    free(s->tier.dlo);
+    free(s->tier.dhi);
+    free(s->tier.dstamp);
+    free(s->be.cu_lo);
+    free(s->be.cu_hi);
     uint32_t gen = s->gen;
     memset(s, 0, sizeof *s);
     s->gen = gen;
@@ -107,21 +107,21 @@ int kvt__seq_reserve(kvt_pool *p, kvt__seq *s, uint32_t pages)
         memcpy(host + to, s->host_block + from, s->cap_pages * sizeof *host);
         memcpy(meta + to, s->meta_slot + from, s->cap_pages * sizeof *meta);
         memcpy(res + to, s->res + from, s->cap_pages);
-        memcpy(imp + to, s->imp + from, s->cap_pages * sizeof *imp);
-        memcpy(use + to, s->use + from, s->cap_pages * sizeof *use);
+        memcpy(imp + to, s->tier.imp + from, s->cap_pages * sizeof *imp);
+        memcpy(use + to, s->tier.use + from, s->cap_pages * sizeof *use);
     }
     free(s->dev_block);
     free(s->host_block);
     free(s->meta_slot);
     free(s->res);
-    free(s->imp);
-    free(s->use);
+    free(s->tier.imp);
+    free(s->tier.use);
     s->dev_block = dev;
     s->host_block = host;
     s->meta_slot = meta;
     s->res = res;
-    s->imp = imp;
-    s->use = use;
+    s->tier.imp = imp;
+    s->tier.use = use;
     s->cap_pages = (uint32_t)cap;
     return 0;
 }
@@ -130,7 +130,7 @@ int kvt__seq_reserve(kvt_pool *p, kvt__seq *s, uint32_t pages)
  * growing keeps what was recorded, so the rerank schedule is unaffected. */
 int kvt__seq_topk_reserve(const kvt_pool *p, kvt__seq *s, uint32_t cap)
 {
-    if (s->topk && cap <= s->topk_cap)
+    if (s->sel.topk && cap <= s->sel.topk_cap)
         return 0;
     const size_t lh = (size_t)p->g.n_layers * p->g.n_kv_heads;
     const size_t c = cap ? cap : 1u;
@@ -138,24 +138,24 @@ int kvt__seq_topk_reserve(const kvt_pool *p, kvt__seq *s, uint32_t cap)
         return kvt__err(KVT_EOVERFLOW, "seq: top-K storage of %zu heads x %u pages overflows",
                         lh, cap);
     uint32_t *t = malloc(lh * c * sizeof *t);
-    uint32_t *n = s->topk_n ? s->topk_n : calloc(lh, sizeof *n);
-    uint32_t *k = s->topk_k ? s->topk_k : calloc(lh, sizeof *k);
+    uint32_t *n = s->sel.topk_n ? s->sel.topk_n : calloc(lh, sizeof *n);
+    uint32_t *k = s->sel.topk_k ? s->sel.topk_k : calloc(lh, sizeof *k);
     if (!t || !n || !k) {
         free(t);
-        if (n != s->topk_n)
+        if (n != s->sel.topk_n)
             free(n);
-        if (k != s->topk_k)
+        if (k != s->sel.topk_k)
             free(k);
         return kvt__err(KVT_ENOMEM, "step: cannot allocate top-K storage (%u pages per head)",
                         cap);
     }
-    if (s->topk)
+    if (s->sel.topk)
         for (size_t b = 0; b < lh; b++)
-            memcpy(t + b * c, s->topk + b * s->topk_cap, n[b] * sizeof *t);
-    free(s->topk);
-    s->topk = t;
-    s->topk_n = n;
-    s->topk_k = k;
-    s->topk_cap = (uint32_t)c;
+            memcpy(t + b * c, s->sel.topk + b * s->sel.topk_cap, n[b] * sizeof *t);
+    free(s->sel.topk);
+    s->sel.topk = t;
+    s->sel.topk_n = n;
+    s->sel.topk_k = k;
+    s->sel.topk_cap = (uint32_t)c;
     return 0;
 }

@@ -33,39 +33,46 @@ typedef struct kvt__seq {
      * (layer, head): [(layer * H + head)][3][D] = min, max, sum. */
     float *acc;
     uint64_t pages_in_tier[KVT_NUM_TIERS];
-    /* The last top-K pages chosen per (layer, head) by a step plan's rerank,
-     * reused between reranks: [(layer * H + head) * topk_cap + i]. */
-    uint32_t *topk;
-    uint32_t *topk_n;      /* [L * H] entries used */
-    uint32_t *topk_k;      /* [L * H] the K they were chosen for; 0 = none */
-    uint32_t topk_cap;
-    uint64_t steps;        /* step plans finished with this sequence */
-    uint32_t phase;        /* rerank stagger, 0..KVT__PHASES-1 (see kvt_seq_create) */
-    /* Tier mover state (lib/tier). Importance and last use of each page,
-     * [(layer * H + head) * cap_pages + page], choose what the host tier
-     * drops first when it is a cache over the disk. */
-    float *imp;            /* last score the selector gave the page */
-    uint32_t *use;         /* pool clock of the page's last selection or fetch */
-    /* Disk extents of each (layer, head): [(layer * H + head) * ext_cap + i]
-     * holds extent id + 1 (0 = none) for pages [i * E, (i + 1) * E). */
-    uint32_t *disk_ext;
-    uint32_t ext_cap;
-    uint32_t busy;         /* pages with a move in flight */
-    /* Tiered placement (lib/tier/place.c). */
-    uint32_t reloading;    /* moves to the device tier in flight */
-    uint64_t wfence;       /* warm-up's promotions (0 = none pending) */
-    uint32_t *off_next;    /* [L * H] first page not yet offloaded (stable heads) */
-    uint32_t *dlo, *dhi;   /* [L * H] dirty range of the device table ... */
-    uint32_t *dstamp;      /* [L * H] ... valid when equal to the pool's step_id */
-    /* CUDA backend: where the GPU copy of the device and metadata tables
-     * lives in the pool's table heap, laid out for cu_cap pages per head
-     * (0 = not uploaded). */
-    uint64_t cu_off;
-    uint32_t cu_cap;
-    /* ... and the entries of the device table changed on the host since the
-     * copy was last synced, per (layer, head) [L * H]: pages cu_lo..cu_hi
-     * (cu_lo > cu_hi = none). NULL on the CPU backend. */
-    uint32_t *cu_lo, *cu_hi;
+    /* Selection state (lib/select, lib/step): the last top-K pages chosen per
+     * (layer, head) by a step plan's rerank, reused between reranks:
+     * [(layer * H + head) * topk_cap + i], and the rerank schedule. */
+    struct kvt__seq_sel {
+        uint32_t *topk;
+        uint32_t *topk_n;  /* [L * H] entries used */
+        uint32_t *topk_k;  /* [L * H] the K they were chosen for; 0 = none */
+        uint32_t topk_cap;
+        uint32_t phase;    /* rerank stagger, 0..KVT__PHASES-1 (see kvt_seq_create) */
+        uint64_t steps;    /* step plans finished with this sequence */
+    } sel;
+    /* Tier state (lib/tier): the mover, the disk tier and the placement. */
+    struct kvt__seq_tier {
+        /* Importance and last use of each page, [(layer * H + head) *
+         * cap_pages + page], choose what the host tier drops first when it
+         * is a cache over the disk. */
+        float *imp;        /* last score the selector gave the page */
+        uint32_t *use;     /* pool clock of the page's last selection or fetch */
+        /* Disk extents of each (layer, head): [(layer * H + head) * ext_cap
+         * + i] holds extent id + 1 (0 = none) for pages [i * E, (i + 1) * E). */
+        uint32_t *disk_ext;
+        uint32_t ext_cap;
+        uint32_t busy;     /* pages with a move in flight */
+        uint32_t reloading; /* moves to the device tier in flight */
+        uint64_t wfence;   /* warm-up's promotions (0 = none pending) */
+        uint32_t *off_next; /* [L * H] first page not yet offloaded (stable heads) */
+        uint32_t *dlo, *dhi; /* [L * H] dirty range of the device table ... */
+        uint32_t *dstamp;  /* [L * H] ... valid when equal to the pool's step_id */
+    } tier;
+    /* Backend state (lib/backend; the CUDA backend): where the GPU copy of
+     * the device and metadata tables lives in the pool's table heap, laid
+     * out for cu_cap pages per head (0 = not uploaded), and the entries of
+     * the device table changed on the host since the copy was last synced,
+     * per (layer, head) [L * H]: pages cu_lo..cu_hi (cu_lo > cu_hi = none).
+     * Zero on the CPU backend. */
+    struct kvt__seq_be {
+        uint64_t cu_off;
+        uint32_t cu_cap;
+        uint32_t *cu_lo, *cu_hi;
+    } be;
 } kvt__seq;
 
 /* Internal residency bit: a move of the page is in flight (never reported). */
@@ -145,23 +152,23 @@ struct kvt_pool {
 /* Records that the device table entry (s, lh, page) changed in this step. */
 static inline void kvt__dirty(const kvt_pool *p, kvt__seq *s, size_t lh, uint32_t page)
 {
-    if (s->cu_lo) { /* CUDA: the GPU's table copy catches up at its next use */
-        if (s->cu_lo[lh] > s->cu_hi[lh])
-            s->cu_lo[lh] = s->cu_hi[lh] = page;
-        else if (page < s->cu_lo[lh])
-            s->cu_lo[lh] = page;
-        else if (page > s->cu_hi[lh])
-            s->cu_hi[lh] = page;
+    if (s->be.cu_lo) { /* CUDA: the GPU's table copy catches up at its next use */
+        if (s->be.cu_lo[lh] > s->be.cu_hi[lh])
+            s->be.cu_lo[lh] = s->be.cu_hi[lh] = page;
+        else if (page < s->be.cu_lo[lh])
+            s->be.cu_lo[lh] = page;
+        else if (page > s->be.cu_hi[lh])
+            s->be.cu_hi[lh] = page;
     }
-    if (!s->dstamp)
+    if (!s->tier.dstamp)
         return;
-    if (s->dstamp[lh] != p->step_id) {
-        s->dstamp[lh] = p->step_id;
-        s->dlo[lh] = s->dhi[lh] = page;
-    } else if (page < s->dlo[lh]) {
-        s->dlo[lh] = page;
-    } else if (page > s->dhi[lh]) {
-        s->dhi[lh] = page;
+    if (s->tier.dstamp[lh] != p->step_id) {
+        s->tier.dstamp[lh] = p->step_id;
+        s->tier.dlo[lh] = s->tier.dhi[lh] = page;
+    } else if (page < s->tier.dlo[lh]) {
+        s->tier.dlo[lh] = page;
+    } else if (page > s->tier.dhi[lh]) {
+        s->tier.dhi[lh] = page;
     }
 }
 

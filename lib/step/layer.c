@@ -119,8 +119,8 @@ static void kvt__sel_task(void *ctx, uint32_t ih, uint32_t thread)
     kvt__sel_scratch_carve(&sc, st->tmem + (size_t)thread * st->tstride, st->G, st->D, np);
     const bool due = st->due[(size_t)i * st->L * st->H + b] != 0;
     /* The plan sized the store for this selector's largest K. */
-    uint32_t *keep = s->topk && (k <= s->topk_cap || np <= s->topk_cap)
-                         ? s->topk + b * s->topk_cap
+    uint32_t *keep = s->sel.topk && (k <= s->sel.topk_cap || np <= s->sel.topk_cap)
+                         ? s->sel.topk + b * s->sel.topk_cap
                          : NULL;
     if (due && np) {
         kvt__sel_score(sel, p, s, layer, h, st->q + ((size_t)i * st->Hq + (size_t)h * st->G) * st->D,
@@ -130,12 +130,12 @@ static void kvt__sel_task(void *ctx, uint32_t ih, uint32_t thread)
                                         &sc, out, keep, &nk);
         /* The score is the page's importance for the host cache's eviction
          * (lib/tier): the last word the selector had on it. */
-        memcpy(s->imp + b * s->cap_pages, sc.vote, (size_t)np * sizeof *sc.vote);
+        memcpy(s->tier.imp + b * s->cap_pages, sc.vote, (size_t)np * sizeof *sc.vote);
         if (keep) {
-            s->topk_n[b] = nk;
-            s->topk_k[b] = k + 1u;
-        } else if (s->topk) {
-            s->topk_k[b] = 0; /* nothing kept: rerank next time */
+            s->sel.topk_n[b] = nk;
+            s->sel.topk_k[b] = k + 1u;
+        } else if (s->sel.topk) {
+            s->sel.topk_k[b] = 0; /* nothing kept: rerank next time */
         }
         st->sel_rr[ih] = 1;
     } else if ((uint64_t)k + sink + local >= np) {
@@ -146,10 +146,10 @@ static void kvt__sel_task(void *ctx, uint32_t ih, uint32_t thread)
         st->sel_cnt[ih] = np;
     } else {
         st->sel_cnt[ih] = kvt__sel_pick(np, tokens, st->P, k, sink, local, NULL, keep,
-                                        keep ? s->topk_n[b] : 0, &sc, out, NULL, NULL);
+                                        keep ? s->sel.topk_n[b] : 0, &sc, out, NULL, NULL);
     }
     for (uint32_t j = 0; j < st->sel_cnt[ih]; j++) /* recency, the eviction tie-break */
-        s->use[b * s->cap_pages + out[j]] = p->clock;
+        s->tier.use[b * s->cap_pages + out[j]] = p->clock;
 }
 
 /* Feeds the profiler the top-K part (the selection without the forced
@@ -192,13 +192,13 @@ static int kvt__step_record(kvt_step *st, uint32_t layer)
 void kvt__fail_reset(kvt_step *st, uint32_t i)
 {
     kvt__seq *s = st->seqs[i];
-    if (s->topk_k && st->fcode[i])
+    if (s->sel.topk_k && st->fcode[i])
         for (uint32_t x = st->pm_off[i]; x < st->pm_off[i] + st->pm_cnt[i]; x++)
             if (st->pmres[x])
-                s->topk_k[kvt__lh(st->pool, st->pm[x].layer, st->pm[x].kv_head)] = 0;
+                s->sel.topk_k[kvt__lh(st->pool, st->pm[x].layer, st->pm[x].kv_head)] = 0;
     if (st->wcode[i]) {
-        if (s->topk_k)
-            memset(s->topk_k, 0, (size_t)st->L * st->H * sizeof *s->topk_k);
+        if (s->sel.topk_k)
+            memset(s->sel.topk_k, 0, (size_t)st->L * st->H * sizeof *s->sel.topk_k);
         memset(st->due + (size_t)i * st->L * st->H, 1, (size_t)st->L * st->H);
     }
     st->fcode[i] = 0;
@@ -300,8 +300,8 @@ static int kvt__recycle(kvt_step *st, uint32_t layer, const uint32_t *sel_pages)
                                          st->ev, st->pml, st->pm + k, st->pmdst + k,
                                          st->pmres + k, st->cap_pm - k, &npro);
             if (rc) {
-                if (s->topk_k)
-                    s->topk_k[lh] = 0;
+                if (s->sel.topk_k)
+                    s->sel.topk_k[lh] = 0;
                 break;
             }
             k += npro;
@@ -329,8 +329,8 @@ static int kvt__recycle(kvt_step *st, uint32_t layer, const uint32_t *sel_pages)
             for (uint32_t x = off; x < off + cnt; x++)
                 kvt__arena_free(dev, st->pmdst[x]);
             for (uint32_t j = i; j < st->n; j++)
-                for (uint32_t h = 0; h < H && st->seqs[j]->topk_k; h++)
-                    st->seqs[j]->topk_k[kvt__lh(p, layer, h)] = 0;
+                for (uint32_t h = 0; h < H && st->seqs[j]->sel.topk_k; h++)
+                    st->seqs[j]->sel.topk_k[kvt__lh(p, layer, h)] = 0;
         }
     }
     if (rc)

@@ -255,7 +255,7 @@ KVT_API int kvt_step_plan(kvt_pool *pool, const kvt_seq_id *seqs, uint32_t n_seq
         rc = kvt__seq_reserve(pool, s, np);
         if (rc)
             goto out_free;
-        if (!dense && (imax > 1 || s->topk || tiered)) {
+        if (!dense && (imax > 1 || s->sel.topk || tiered)) {
             rc = kvt__seq_topk_reserve(pool, s, kmax < s->cap_pages ? kmax : s->cap_pages);
             if (rc)
                 goto out_free;
@@ -402,7 +402,7 @@ KVT_API int kvt_step_plan(kvt_pool *pool, const kvt_seq_id *seqs, uint32_t n_seq
     }
     for (uint32_t i = 0; i < n_seqs; i++) {
         /* Warm-up's promotions still in flight make the sequence not ready. */
-        st->wf[i] = tiered ? ss[i]->wfence : 0;
+        st->wf[i] = tiered ? ss[i]->tier.wfence : 0;
         st->wcode[i] = 0;
         st->fence[i] = 0;
         st->fpend[i] = 0;
@@ -410,7 +410,7 @@ KVT_API int kvt_step_plan(kvt_pool *pool, const kvt_seq_id *seqs, uint32_t n_seq
         st->failed[i] = 0;
         st->pm_cnt[i] = 0;
         if (tiered)
-            ss[i]->wfence = 0;
+            ss[i]->tier.wfence = 0;
     }
     if (pool->be->step_plan && (rc = pool->be->step_plan(st, o.stream)))
         goto out_free;
@@ -490,7 +490,7 @@ KVT_API int kvt_step_finish(kvt_step *st)
     for (uint32_t i = 0; i < st->n; i++) {
         kvt__seq *s = st->seqs[i]; /* slots live as long as the pool */
         if (s->live && s->gen == (uint32_t)(st->ids[i] >> 32))
-            s->steps++;
+            s->sel.steps++;
     }
     st->open = false;
     st->sel_layer = KVT__NO_LAYER;
@@ -517,9 +517,9 @@ KVT_API int kvt_step_dirty_get(const kvt_step *st, uint32_t layer, uint32_t seq_
     KVT__CHECK_NULL(n_pages);
     const kvt__seq *s = st->seqs[seq_index];
     const size_t lh = kvt__lh(st->pool, layer, kv_head);
-    if (s->dstamp && s->dstamp[lh] == st->pool->step_id) {
-        *first_page = s->dlo[lh];
-        *n_pages = s->dhi[lh] - s->dlo[lh] + 1u;
+    if (s->tier.dstamp && s->tier.dstamp[lh] == st->pool->step_id) {
+        *first_page = s->tier.dlo[lh];
+        *n_pages = s->tier.dhi[lh] - s->tier.dlo[lh] + 1u;
     } else {
         *first_page = 0;
         *n_pages = 0;

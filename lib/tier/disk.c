@@ -152,18 +152,18 @@ int kvt__disk_seq_reserve(kvt_pool *p, kvt__seq *s, uint32_t cap_pages)
     if (!d)
         return 0;
     uint32_t cap = (uint32_t)(((uint64_t)cap_pages + d->E - 1) / d->E);
-    if (cap <= s->ext_cap)
+    if (cap <= s->tier.ext_cap)
         return 0;
     size_t lh = d->n_lh;
     uint32_t *t = calloc(lh * (size_t)cap, sizeof *t);
     if (!t)
         return kvt__err(KVT_ENOMEM, "disk extent table: cannot grow to %u extents per head",
                         cap);
-    for (size_t i = 0; i < lh && s->ext_cap; i++)
-        memcpy(t + i * cap, s->disk_ext + i * s->ext_cap, s->ext_cap * sizeof *t);
-    free(s->disk_ext);
-    s->disk_ext = t;
-    s->ext_cap = cap;
+    for (size_t i = 0; i < lh && s->tier.ext_cap; i++)
+        memcpy(t + i * cap, s->tier.disk_ext + i * s->tier.ext_cap, s->tier.ext_cap * sizeof *t);
+    free(s->tier.disk_ext);
+    s->tier.disk_ext = t;
+    s->tier.ext_cap = cap;
     return 0;
 }
 
@@ -171,9 +171,9 @@ uint64_t kvt__disk_slot(const kvt_pool *p, const kvt__seq *s, size_t lh, uint32_
 {
     const kvt__disk *d = p->disk;
     uint32_t i = page / d->E;
-    if (!s->disk_ext || i >= s->ext_cap)
+    if (!s->tier.disk_ext || i >= s->tier.ext_cap)
         return UINT64_MAX;
-    uint32_t x = s->disk_ext[lh * s->ext_cap + i];
+    uint32_t x = s->tier.disk_ext[lh * s->tier.ext_cap + i];
     if (!x)
         return UINT64_MAX;
     return (uint64_t)(x - 1u) * d->E + page % d->E;
@@ -197,8 +197,8 @@ int kvt__disk_slot_alloc(kvt_pool *p, kvt__seq *s, size_t lh, uint32_t page, uin
     if (*slot != UINT64_MAX)
         return 0;
     uint32_t i = page / d->E;
-    if (i >= s->ext_cap)
-        return kvt__err(KVT_EINTERNAL, "disk extent table too small (%u < %u)", s->ext_cap,
+    if (i >= s->tier.ext_cap)
+        return kvt__err(KVT_EINTERNAL, "disk extent table too small (%u < %u)", s->tier.ext_cap,
                         i + 1);
     uint32_t x = kvt__ext_pop(d, (uint32_t)lh);
     if (x == KVT__NONE && d->n_seg_free) {
@@ -219,7 +219,7 @@ int kvt__disk_slot_alloc(kvt_pool *p, kvt__seq *s, size_t lh, uint32_t page, uin
     if (x == KVT__NONE)
         return kvt__err(KVT_ENOSPC, "disk tier: all %u extents of %u pages are in use "
                         "(%llu bytes)", d->n_ext, d->E, (unsigned long long)d->file_bytes);
-    s->disk_ext[lh * s->ext_cap + i] = x + 1u;
+    s->tier.disk_ext[lh * s->tier.ext_cap + i] = x + 1u;
     *slot = (uint64_t)x * d->E + page % d->E;
     return 0;
 }
@@ -227,10 +227,10 @@ int kvt__disk_slot_alloc(kvt_pool *p, kvt__seq *s, size_t lh, uint32_t page, uin
 void kvt__disk_free_seq(kvt_pool *p, kvt__seq *s)
 {
     kvt__disk *d = p->disk;
-    if (!d || !s->disk_ext)
+    if (!d || !s->tier.disk_ext)
         return;
-    for (size_t i = 0; i < (size_t)d->n_lh * s->ext_cap; i++) {
-        uint32_t x = s->disk_ext[i];
+    for (size_t i = 0; i < (size_t)d->n_lh * s->tier.ext_cap; i++) {
+        uint32_t x = s->tier.disk_ext[i];
         if (!x)
             continue;
         x--;
@@ -238,7 +238,7 @@ void kvt__disk_free_seq(kvt_pool *p, kvt__seq *s)
         d->ext_next[x] = d->lh_head[owner];
         d->lh_head[owner] = x;
         d->n_ext_free++;
-        s->disk_ext[i] = 0;
+        s->tier.disk_ext[i] = 0;
     }
 }
 
@@ -320,8 +320,8 @@ int kvt__disk_check(const kvt_pool *p)
         for (size_t lh = 0; lh < d->n_lh && !rc; lh++) {
             uint32_t l = (uint32_t)(lh / p->g.n_kv_heads);
             uint32_t np = kvt__pages_for(p, s->n_tokens[l]);
-            for (uint32_t i = 0; i < s->ext_cap && !rc; i++) {
-                uint32_t x = s->disk_ext[lh * s->ext_cap + i];
+            for (uint32_t i = 0; i < s->tier.ext_cap && !rc; i++) {
+                uint32_t x = s->tier.disk_ext[lh * s->tier.ext_cap + i];
                 if (!x)
                     continue;
                 x--;

@@ -371,7 +371,7 @@ static void kvt__apply_op(kvt_mover *m, kvt__op *op)
             if (op->to == KVT_TIER_DEVICE)
                 kvt__moved(p, KVT_DIR_HOST_TO_DEVICE);
             if (op->to == KVT_TIER_HOST)
-                s->use[e] = p->clock;
+                s->tier.use[e] = p->clock;
         }
         if (op->flags & KVT_MOVE_DROP_SOURCE)
             kvt__page_drop(p, s, e, op->from);
@@ -379,14 +379,14 @@ static void kvt__apply_op(kvt_mover *m, kvt__op *op)
         if (op->dst_blk)
             kvt__arena_free(&p->tier[op->dst_tier], op->dst_blk);
         /* A failed copy-out is tried again by the next offload pass. */
-        if ((op->iflags & KVT__OPF_OFFLOAD) && s->off_next && op->page < s->off_next[op->lh])
-            s->off_next[op->lh] = op->page;
+        if ((op->iflags & KVT__OPF_OFFLOAD) && s->tier.off_next && op->page < s->tier.off_next[op->lh])
+            s->tier.off_next[op->lh] = op->page;
     }
     op->dst_blk = 0;
     s->res[e] &= (uint8_t)~(KVT__RES_BUSY | KVT__RES_INBOUND);
-    s->busy--;
+    s->tier.busy--;
     if (op->to == KVT_TIER_DEVICE)
-        s->reloading--;
+        s->tier.reloading--;
     m->moves_in_flight--;
     kvt__batch *b = op->batch;
     if (b->results)
@@ -557,7 +557,7 @@ void kvt__mover_drain_seq(kvt_mover *m, kvt__seq *s)
     if (!m)
         return;
     kvt__mover_apply_done(m);
-    while (s->busy) {
+    while (s->tier.busy) {
         pthread_mutex_lock(&m->mu);
         while (!m->done_head)
             pthread_cond_wait(&m->done_cv, &m->mu);

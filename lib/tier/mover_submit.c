@@ -86,7 +86,7 @@ static void kvt__evict_host(kvt_mover *m, uint32_t want)
         const uint8_t r = s->res[e];
         if ((r & KVT__RES_BUSY) || !(r & KVT_RES_DISK) || !(r & KVT_RES_HOST))
             continue;
-        c[n++] = (kvt__cand){s->imp[e], s->use[e], b, 0};
+        c[n++] = (kvt__cand){s->tier.imp[e], s->tier.use[e], b, 0};
     }
     if (batch > n)
         batch = (uint32_t)n;
@@ -167,9 +167,9 @@ static void kvt__unbusy(kvt_pool *p, kvt__batch *b, uint32_t n)
         kvt__seq *s = &p->seqs[op->slot];
         s->res[(size_t)op->lh * s->cap_pages + op->page] &=
             (uint8_t)~(KVT__RES_BUSY | KVT__RES_INBOUND);
-        s->busy--;
+        s->tier.busy--;
         if (op->to == KVT_TIER_DEVICE)
-            s->reloading--;
+            s->tier.reloading--;
         if (op->dst_blk && !(op->iflags & KVT__OPF_HANDED))
             kvt__arena_free(&p->tier[op->dst_tier], op->dst_blk);
         op->dst_blk = 0;
@@ -242,9 +242,9 @@ int kvt__mover_submit(kvt_mover *m, const kvt_move *moves, uint32_t n, uint32_t 
             op->iflags &= (uint8_t)~KVT__OPF_CHAIN;
         const size_t e = (size_t)op->lh * s->cap_pages + op->page;
         s->res[e] |= KVT__RES_BUSY;
-        s->busy++;
+        s->tier.busy++;
         if (mv->to == KVT_TIER_DEVICE) {
-            s->reloading++;
+            s->tier.reloading++;
             s->res[e] |= KVT__RES_INBOUND;
         }
         if (s->res[e] & (1u << mv->to))

@@ -115,7 +115,7 @@ static int kvt__offload_collect(kvt_pool *p, kvt__seq *s, kvt_seq_id id, uint32_
             if (!kvt__stable(p, lh))
                 continue;
             uint32_t next = full;
-            for (uint32_t pg = s->off_next[lh]; pg < full; pg++) {
+            for (uint32_t pg = s->tier.off_next[lh]; pg < full; pg++) {
                 const uint8_t r = s->res[lh * s->cap_pages + pg];
                 if (r & (KVT_RES_HOST | KVT_RES_DISK))
                     continue;
@@ -128,7 +128,7 @@ static int kvt__offload_collect(kvt_pool *p, kvt__seq *s, kvt_seq_id id, uint32_
                 if (rc)
                     return rc;
             }
-            s->off_next[lh] = next;
+            s->tier.off_next[lh] = next;
         }
     }
     return 0;
@@ -141,8 +141,8 @@ static void kvt__offload_rewind(kvt_pool *p, const kvt__mvbuf *b)
         kvt__seq *s;
         if (kvt__seq_lookup(p, b->mv[i].seq, &s) == 0) {
             const size_t lh = kvt__lh(p, b->mv[i].layer, b->mv[i].kv_head);
-            if (b->mv[i].page < s->off_next[lh])
-                s->off_next[lh] = b->mv[i].page;
+            if (b->mv[i].page < s->tier.off_next[lh])
+                s->tier.off_next[lh] = b->mv[i].page;
         }
     }
 }
@@ -227,9 +227,9 @@ static void kvt__trim(kvt_pool *p, kvt__seq *s, uint32_t layer, const uint32_t *
         const uint32_t sink = p->pol->sink[lh], local = p->pol->local[lh];
         const uint32_t *topk = NULL;
         uint32_t ntop = 0;
-        if (s->topk && s->topk_k[lh]) {
-            topk = s->topk + lh * s->topk_cap;
-            ntop = s->topk_n[lh];
+        if (s->sel.topk && s->sel.topk_k[lh]) {
+            topk = s->sel.topk + lh * s->sel.topk_cap;
+            ntop = s->sel.topk_n[lh];
         }
         for (uint32_t pg = from[h]; pg < np; pg++) {
             const size_t e = lh * s->cap_pages + pg;
@@ -260,7 +260,7 @@ int kvt__place_after_append(kvt_pool *p, kvt__seq *s, kvt_seq_id id, uint32_t la
         /* Pages offloaded now, and those that were local or last before. */
         const uint32_t keep = p->pol->local[lh] + 1u;
         uint32_t f = npb > keep ? npb - keep : 0;
-        from[h] = s->off_next[lh] < f ? s->off_next[lh] : f;
+        from[h] = s->tier.off_next[lh] < f ? s->tier.off_next[lh] : f;
     }
     kvt__seq *one[1] = {s};
     int rc = kvt__place_offload(p, one, &id, 1, layer, true);
@@ -310,7 +310,7 @@ static int kvt__warm_host(kvt_pool *p, kvt__seq *s, kvt_seq_id id)
                 continue;
             for (uint32_t pg = 0; pg < s->n_tokens[l] / P; pg++) {
                 const size_t e = lh * s->cap_pages + pg;
-                rk[k++] = (kvt__rank){s->imp[e], (uint32_t)lh, pg};
+                rk[k++] = (kvt__rank){s->tier.imp[e], (uint32_t)lh, pg};
                 const uint8_t r = s->res[e];
                 if ((r & KVT_RES_HOST) && (r & KVT_RES_DISK) && !(r & KVT__RES_BUSY))
                     room++;
@@ -350,10 +350,10 @@ static int kvt__warm_host(kvt_pool *p, kvt__seq *s, kvt_seq_id id)
 void kvt__place_settle(kvt_pool *p, kvt__seq *s)
 {
     kvt__mover_drain_seq(p->mover, s);
-    if (s->wfence) { /* an earlier warm-up's batch no step consumed */
+    if (s->tier.wfence) { /* an earlier warm-up's batch no step consumed */
         int code = 0;
-        kvt__mover_fence_done(p->mover, s->wfence, &code);
-        s->wfence = 0;
+        kvt__mover_fence_done(p->mover, s->tier.wfence, &code);
+        s->tier.wfence = 0;
         kvt_clear_error();
     }
 }
@@ -460,13 +460,13 @@ int kvt__place_warmup(kvt_pool *pool, kvt__seq *s, kvt_seq_id seq, const float *
                 if (pass == 1) {
                     /* The importance orders the host cache, and its top K
                      * pages are the head's first selection. */
-                    memcpy(s->imp + lh * s->cap_pages, imp, (size_t)np * sizeof *imp);
+                    memcpy(s->tier.imp + lh * s->cap_pages, imp, (size_t)np * sizeof *imp);
                     uint32_t nk = 0;
-                    const uint32_t kk = K < s->topk_cap ? K : s->topk_cap;
+                    const uint32_t kk = K < s->sel.topk_cap ? K : s->sel.topk_cap;
                     kvt__sel_pick(np, tokens, P, kk, sink, local, imp, NULL, 0, &sc, tmp,
-                                  s->topk + lh * s->topk_cap, &nk);
-                    s->topk_n[lh] = nk;
-                    s->topk_k[lh] = K + 1u;
+                                  s->sel.topk + lh * s->sel.topk_cap, &nk);
+                    s->sel.topk_n[lh] = nk;
+                    s->sel.topk_k[lh] = K + 1u;
                 }
             }
         }
@@ -481,7 +481,7 @@ int kvt__place_warmup(kvt_pool *pool, kvt__seq *s, kvt_seq_id seq, const float *
     if (!rc && pool->be->warm_topk && pool->be->warm_topk(pool, s)) {
         for (size_t lh = 0; lh < (size_t)L * H; lh++)
             if (kvt__stable(pool, lh))
-                s->topk_k[lh] = 0;
+                s->sel.topk_k[lh] = 0;
         kvt_clear_error();
     }
     /* Promotions first: their pages are then busy and the host pass below
@@ -491,7 +491,7 @@ int kvt__place_warmup(kvt_pool *pool, kvt__seq *s, kvt_seq_id seq, const float *
         rc = kvt__mover_submit(pool->mover, b.mv, b.n, KVT_SUBMIT_URGENT, NULL, &f, NULL,
                                KVT__OPF_PROMOTE | KVT__OPF_OWNED);
         if (!rc) {
-            s->wfence = f;
+            s->tier.wfence = f;
             pool->pst.promoted += b.n;
         }
     }

@@ -47,9 +47,9 @@ static bool kvt__reuse_off_device(const kvt_pool *p, const kvt__seq *s, uint32_t
     for (uint32_t pg = hi > lo ? hi : lo; pg < np; pg++)
         if (!(res[pg] & here))
             return true;
-    if (s->topk && s->topk_k[lh]) {
-        const uint32_t *t = s->topk + lh * s->topk_cap;
-        for (uint32_t j = 0; j < s->topk_n[lh]; j++)
+    if (s->sel.topk && s->sel.topk_k[lh]) {
+        const uint32_t *t = s->sel.topk + lh * s->sel.topk_cap;
+        for (uint32_t j = 0; j < s->sel.topk_n[lh]; j++)
             if (t[j] < np && !(res[t[j]] & here))
                 return true;
     }
@@ -64,8 +64,8 @@ static bool kvt__reuse_off_device(const kvt_pool *p, const kvt__seq *s, uint32_t
 bool kvt__head_due(const kvt_pool *p, const kvt__seq *s, uint32_t layer, size_t lh,
                           uint32_t k, uint32_t iv, bool tiered)
 {
-    return !s->topk || iv <= 1 || s->topk_k[lh] != k + 1u ||
-           (s->steps + s->phase) % iv == 0 ||
+    return !s->sel.topk || iv <= 1 || s->sel.topk_k[lh] != k + 1u ||
+           (s->sel.steps + s->sel.phase) % iv == 0 ||
            (tiered && kvt__stable(p, lh) && kvt__reuse_off_device(p, s, layer, lh, k));
 }
 
@@ -147,7 +147,7 @@ int kvt__place_recycle_head(kvt_pool *p, kvt__seq *s, kvt_seq_id id, uint32_t se
                 pml[npro++] = pg;
         } else if ((r & KVT_RES_DEVICE) && !forced) {
             if (!(r & KVT__RES_BUSY) && (r & (KVT_RES_HOST | KVT_RES_DISK)))
-                ev[nev++] = (kvt__evc){s->imp[e], pg};
+                ev[nev++] = (kvt__evc){s->tier.imp[e], pg};
             else
                 stuck++;
         }

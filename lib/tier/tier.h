@@ -53,7 +53,7 @@ KVT__HIDDEN void kvt__disk_free_seq(kvt_pool *p, kvt__seq *s);
 KVT__HIDDEN int kvt__disk_read_page(const kvt_pool *p, uint64_t slot, void *buf);
 /* Invariant walk of the extents (called by kvt_pool_check). */
 KVT__HIDDEN int kvt__disk_check(const kvt_pool *p);
-/* Grows s->disk_ext to cover cap_pages pages per (layer, head). */
+/* Grows s->tier.disk_ext to cover cap_pages pages per (layer, head). */
 KVT__HIDDEN int kvt__disk_seq_reserve(kvt_pool *p, kvt__seq *s, uint32_t cap_pages);
 
 /* ---- mover (mover.c, uring.c) ----------------------------------------------- */

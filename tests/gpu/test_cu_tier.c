@@ -461,7 +461,7 @@ static void same_importance(const fx *f, uint32_t i, bool exact, const char *wha
             if (h == 3) /* unstable */
                 continue;
             for (uint32_t pg = 0; pg < (a->n_tokens[l] + PAGE_TOKENS - 1) / PAGE_TOKENS; pg++) {
-                const float x = a->imp[lh * a->cap_pages + pg], y = b->imp[lh * b->cap_pages + pg];
+                const float x = a->tier.imp[lh * a->cap_pages + pg], y = b->tier.imp[lh * b->cap_pages + pg];
                 const bool ok = exact ? memcmp(&x, &y, sizeof x) == 0
                                       : fabsf(x - y) <= 2e-5f * (1.0f + fabsf(x));
                 if (!ok)
