@@ -127,7 +127,7 @@ PROG_RPATH := -Wl,-rpath,'$$ORIGIN/../lib'
 # ---- tests ------------------------------------------------------------------
 # Tests of the public ABI link the shared library; tests of internal helpers
 # (kvt__*) link the static one.
-TESTS_SHARED := test_errors test_opts test_pool test_append test_random test_c_headers \
+TESTS_SHARED := test_errors test_opts test_pool test_append test_random test_c_headers test_contract \
                 test_select test_decode test_step test_mover test_policy test_place
 TESTS_STATIC := test_convert test_crc32c test_mckp test_profiler
 # Fault-injection tests link a static library whose tier sources are built

@@ -436,7 +436,8 @@ static void test_eviction_by_importance(void **state)
         kv[i] = tu_unit(&fx.r);
     for (int i = 0; i < N_KV_HEADS * HEAD_DIM; i++)
         q[i] = tu_unit(&fx.r);
-    TU_OK(kvt_step_append(st, 0, kv, kv + N_KV_HEADS * HEAD_DIM, KVT_DTYPE_F32, 0));
+    for (uint32_t l = 0; l < N_LAYERS; l++)
+        TU_OK(kvt_step_append(st, l, kv, kv + N_KV_HEADS * HEAD_DIM, KVT_DTYPE_F32, 0));
     TU_OK(kvt_step_select(st, 0, q));
     TU_OK(kvt_step_finish(st));
     kvt_selector_destroy(sel);

@@ -704,8 +704,10 @@ static void test_plan_bad(void **state)
     assert_memory_equal(&oi, &om, sizeof oi);
     TU_EXPECT_ERR(kvt_step_opts_init(NULL), KVT_EINVAL, "opts");
 
+    st = (kvt_step *)&oi;
     TU_EXPECT_ERR(kvt_step_plan(NULL, ids, 2, &so, &st), KVT_EINVAL, "pool");
-    assert_null(st); /* documented: *out is NULL on failure */
+    assert_ptr_equal(st, (kvt_step *)&oi); /* documented: *out untouched on failure */
+    st = NULL;
     TU_EXPECT_ERR(kvt_step_plan(p, NULL, 2, &so, &st), KVT_EINVAL, "seqs");
     TU_EXPECT_ERR(kvt_step_plan(p, ids, 2, &so, NULL), KVT_EINVAL, "out");
     TU_EXPECT_ERR(kvt_step_plan(p, ids, 0, &so, &st), KVT_EINVAL, "n_seqs");
@@ -748,7 +750,14 @@ static void test_plan_bad(void **state)
     TU_OK(kvt_step_plan(p, ids, 2, &dense, &st));
     kvt_step *st2 = (kvt_step *)&r;
     TU_EXPECT_ERR(kvt_step_plan(p, ids, 2, &so, &st2), KVT_ESTATE, "open");
-    assert_null(st2);
+    /* The failed plan leaves the engine's handle alone: the open step is
+     * still reachable through it. */
+    assert_ptr_equal(st2, (kvt_step *)&r);
+    st2 = st;
+    TU_EXPECT_ERR(kvt_step_plan(p, ids, 2, &so, &st2), KVT_ESTATE, "open");
+    assert_ptr_equal(st2, st);
+    TU_OK(kvt_step_finish(st2));
+    TU_OK(kvt_step_plan(p, ids, 2, &dense, &st));
     /* Only a subset of the sequences, and a finish with nothing run. */
     TU_OK(kvt_step_finish(st));
     TU_OK(kvt_step_plan(p, ids + 1, 1, &so, &st));
@@ -866,8 +875,15 @@ static void test_per_layer_bad(void **state)
     TU_EXPECT_ERR(kvt_step_attend(st, 1, q, out, lse), KVT_ESTATE, "stale");
     TU_EXPECT_ERR(kvt_step_select(st, 1, q), KVT_ESTATE, "stale");
     snap_same(&s2, p, ids, 2, &s, "calls on a stale plan");
-    TU_OK(kvt_step_finish(st));
+    /* Layer 0 was appended, layer 1 not: the finish names layer 1 and takes
+     * layer 0's appends back. */
+    TU_EXPECT_ERR(kvt_step_finish(st), KVT_ESTATE, "layer 1");
+    uint32_t len0;
+    TU_OK(kvt_seq_length_get(p, ids[0], 0, &len0));
+    assert_int_equal(len0, 20);
     TU_CHECK(p);
+    free(s2.bytes);
+    snap_take(&s2, p, ids, 2, &s);
 
     /* After finish, every call with the step is KVT_ESTATE. */
     TU_EXPECT_ERR(kvt_step_append(st, 0, k1, k1, KVT_DTYPE_F32, 0), KVT_ESTATE, "step");

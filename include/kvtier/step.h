@@ -51,6 +51,7 @@ typedef struct kvt_step kvt_step; /* opaque; owned by its pool */
 #define KVT_STEP_DENSE (1u << 0) /* select every page: dense attention through
                                     the same kernel (no selector needed) */
 
+
 typedef struct kvt_step_opts {
     uint32_t struct_size;        /* sizeof(kvt_step_opts) */
     uint32_t flags;              /* KVT_STEP_* */
@@ -91,29 +92,37 @@ KVT_API int kvt_step_opts_init(kvt_step_opts *opts);
  * and checks that the device tier and metadata store can take one more
  * token of every sequence in every layer (KVT_ENOSPC otherwise, so the
  * engine can preempt before the step; the blocks are checked, not set
- * aside), sizes
- * all scratch, and decides which (sequence, layer, head) rerank this step.
- * The pool keeps the step's memory for the next plan. KVT_ESTATE if a step
- * of this pool is still open. */
+ * aside), sizes all scratch, and decides which (sequence, layer, head)
+ * rerank this step. The pool keeps the step's memory for the next plan.
+ * KVT_ESTATE if a step of this pool is still open. *out is written on
+ * success only (a failed plan leaves the caller's handle alone). Handles
+ * are used in turn from a ring of 16, so a finished step's handle stays
+ * KVT_ESTATE for at least the next 15 plans. */
 KVT_API int kvt_step_plan(kvt_pool *pool, const kvt_seq_id *seqs, uint32_t n_seqs,
                           const kvt_step_opts *opts, kvt_step **out);
 
 /* Closes the step: every later call with it returns KVT_ESTATE. Advances
- * each sequence's step counter (the rerank schedule). Accepts NULL. */
+ * each sequence's step counter (the rerank schedule). Accepts NULL. A step
+ * appends every layer or none: one that appended some layers only is
+ * closed with KVT_ESTATE naming the others, and (CPU backend) its appends
+ * are taken back. */
 KVT_API int kvt_step_finish(kvt_step *step);
 
 /* Appends one token per sequence to `layer` (as kvt_seq_append with
  * n_tokens = 1, on the calling thread): k and v hold, for sequence i,
  * n_kv_heads rows of head_dim elements starting at element i * seq_stride
  * (0 = n_kv_heads * head_dim). Once per layer and step, before that
- * layer's kvt_step_select (KVT_ESTATE otherwise); all-or-nothing over the
- * sequences. */
+ * layer's kvt_step_select (KVT_ESTATE otherwise, and in a step that
+ * selected a layer before any append: that step appends nothing); the
+ * first append of a step needs every sequence's layers at one length;
+ * all-or-nothing over the sequences. */
 KVT_API int kvt_step_append(kvt_step *step, uint32_t layer, const void *k, const void *v,
                             kvt_dtype src_dtype, uint64_t seq_stride);
 
 /* Selects the pages of `layer` for every (sequence, KV head): heads due for
  * a rerank are scored and reselected, the others reuse their last top-K
- * pages. A KVT_STEP_DENSE step selects every page.
+ * pages. A KVT_STEP_DENSE step selects every page. Once the step has
+ * appended a layer, a layer not yet appended is KVT_ESTATE.
  *
  * In a tiered pool (kvt_pool_opts.policy) this is the fused rerank/recycle:
  * after selecting, in one pass per (sequence, stable head), pages resident

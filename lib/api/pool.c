@@ -265,7 +265,8 @@ KVT_API void kvt_pool_destroy(kvt_pool *p)
     kvt__mover_destroy(p->mover); /* waits for every move in flight first */
     p->mover = NULL;
     kvt__tp_fini(&p->tp);
-    kvt__step_free(p->step);
+    for (size_t i = 0; i < sizeof p->step_ring / sizeof p->step_ring[0]; i++)
+        kvt__step_free(p->step_ring[i]);
     if (p->seqs)
         for (uint32_t i = 0; i < p->max_seqs; i++)
             kvt__seq_fini(&p->seqs[i]);

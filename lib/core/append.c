@@ -66,6 +66,56 @@ void kvt__append_unalloc(kvt_pool *pool, kvt__seq *s, uint32_t layer, uint32_t n
     pool->pages_in_tier[KVT_TIER_DEVICE] -= added * H;
 }
 
+/* Folds one key row into a page's accumulators (a NaN key opens the box to
+ * [-inf, +inf] so that it still contains every stored key: scores become
+ * unbounded, never silently wrong). */
+static void kvt__acc_add(float *acc, const float *kf, uint32_t D)
+{
+    for (uint32_t d = 0; d < D; d++) {
+        const float x = kf[d];
+        const float lo = x == x ? x : -INFINITY, hi = x == x ? x : INFINITY;
+        acc[d] = lo < acc[d] ? lo : acc[d];
+        acc[D + d] = hi > acc[D + d] ? hi : acc[D + d];
+        acc[2 * D + d] += x;
+    }
+}
+
+static void kvt__acc_reset(float *acc, uint32_t D)
+{
+    for (uint32_t d = 0; d < D; d++) {
+        acc[d] = INFINITY;
+        acc[D + d] = -INFINITY;
+        acc[2 * D + d] = 0.0f;
+    }
+}
+
+void kvt__append_pop(kvt_pool *pool, kvt__seq *s, uint32_t layer)
+{
+    const uint32_t H = pool->g.n_kv_heads, D = pool->g.head_dim, P = pool->g.page_tokens;
+    const uint32_t n = s->n_tokens[layer];
+    if (n == 0)
+        return;
+    const uint32_t pos = n - 1, pg = pos / P, slot = pos % P;
+    s->n_tokens[layer] = pos;
+    if (slot == 0) { /* the token opened its page */
+        kvt__append_unalloc(pool, s, layer, 1);
+        return;
+    }
+    const size_t row = (size_t)D * pool->elem;
+    float *kf = pool->scratch, *tmp = pool->scratch + (size_t)P * D;
+    for (uint32_t h = 0; h < H; h++) {
+        const size_t lh = kvt__lh(pool, layer, h), e = lh * s->cap_pages + pg;
+        const uint8_t *blk = kvt__arena_block(&pool->tier[KVT_TIER_DEVICE], s->dev_block[e]);
+        float *acc = s->acc + lh * 3u * D;
+        kvt__acc_reset(acc, D);
+        for (uint32_t t = 0; t < slot; t++) {
+            kvt__load_f32(kf, blk + (size_t)t * row, pool->g.dtype, D);
+            kvt__acc_add(acc, kf, D);
+        }
+        kvt__meta_store(pool, kvt__arena_block(&pool->meta, s->meta_slot[e]), acc, slot, tmp);
+    }
+}
+
 /* Everything is checked and the blocks exist: allocate the new pages, then
  * fill them. Cannot fail. */
 void kvt__append_checked(kvt_pool *pool, kvt__seq *s, uint32_t layer, const void *k,
@@ -103,23 +153,9 @@ void kvt__append_checked(kvt_pool *pool, kvt__seq *s, uint32_t layer, const void
                 kvt__load_f32(tmp, vs, src_dtype, D);
                 kvt__store_f32(vd, pool->g.dtype, tmp, D, KVT__RN);
             }
-            if (slot == 0) {
-                for (uint32_t d = 0; d < D; d++) {
-                    acc[d] = INFINITY;
-                    acc[D + d] = -INFINITY;
-                    acc[2 * D + d] = 0.0f;
-                }
-            }
-            for (uint32_t d = 0; d < D; d++) {
-                float x = kf[d];
-                /* A NaN key opens the box to [-inf, +inf] so that it still
-                 * contains every stored key (scores become unbounded, never
-                 * silently wrong). */
-                float lo = x == x ? x : -INFINITY, hi = x == x ? x : INFINITY;
-                acc[d] = lo < acc[d] ? lo : acc[d];
-                acc[D + d] = hi > acc[D + d] ? hi : acc[D + d];
-                acc[2 * D + d] += x;
-            }
+            if (slot == 0)
+                kvt__acc_reset(acc, D);
+            kvt__acc_add(acc, kf, D);
             if (slot == P - 1 || t == n_tokens - 1)
                 kvt__meta_store(pool,
                                 kvt__arena_block(&pool->meta, s->meta_slot[base + pg]), acc,

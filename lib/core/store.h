@@ -125,7 +125,13 @@ struct kvt_pool {
     float *scratch;         /* append scratch: [page_tokens][D] f32, plus [D] */
     const struct kvt__kernels *kern;
     kvt__tp tp;             /* worker threads, started by the first step plan */
-    struct kvt_step *step;  /* the step workspace, reused by every plan */
+    /* Step handles, used in turn by the plans (lib/step/plan.c), so that a
+     * finished step's handle stays KVT_ESTATE for the next KVT__STEP_RING - 1
+     * plans instead of naming the next step; the workspace moves to the
+     * handle in use. step: the latest (open or finished). */
+    struct kvt_step *step;
+    struct kvt_step *step_ring[16];
+    uint32_t step_next;
     struct kvt__disk *disk; /* the disk tier (lib/tier/disk.c), NULL = none */
     struct kvt_mover *mover;/* the tier mover (lib/tier/mover.c) */
     struct kvt__cuda *cu;   /* CUDA backend state (lib/backend/cuda_pool.c), NULL = CPU */
@@ -214,6 +220,11 @@ KVT__HIDDEN int kvt__seq_reserve(kvt_pool *p, kvt__seq *s, uint32_t pages);
 KVT__HIDDEN void kvt__append_alloc(kvt_pool *p, kvt__seq *s, uint32_t layer, uint32_t n_tokens);
 /* Undoes kvt__append_alloc (the sequence still holds the old length). */
 KVT__HIDDEN void kvt__append_unalloc(kvt_pool *p, kvt__seq *s, uint32_t layer, uint32_t n_tokens);
+/* Takes back the last token of `layer` (host-addressable device tier; the
+ * page holding it is on the device and no move of it is in flight): a page
+ * it opened goes back, else the page's metadata is rebuilt from the keys
+ * still stored (bounds of the stored values, so still bounds). */
+KVT__HIDDEN void kvt__append_pop(kvt_pool *p, kvt__seq *s, uint32_t layer);
 /* Appends n_tokens of one layer once every argument has been checked and
  * blocks are known to be available (append.c); cannot fail. */
 KVT__HIDDEN void kvt__append_checked(kvt_pool *p, kvt__seq *s, uint32_t layer, const void *k,

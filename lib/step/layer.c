@@ -39,6 +39,20 @@ KVT_API int kvt_step_append(kvt_step *st, uint32_t layer, const void *k, const v
         span > SIZE_MAX / 2)
         return kvt__err(KVT_EOVERFLOW, "seq_stride: %u sequences x %llu elements overflow",
                         st->n, (unsigned long long)seq_stride);
+    if (st->read_only)
+        return kvt__err(KVT_ESTATE, "step: it selected a layer before any kvt_step_append, so "
+                        "it appends nothing (a step appends each layer before selecting it)");
+    if (st->n_appended == 0) { /* the first append: the layers start level */
+        for (uint32_t i = 0; i < st->n; i++) {
+            const kvt__seq *s = st->seqs[i];
+            for (uint32_t l = 1; l < st->L; l++)
+                if (s->n_tokens[l] != s->n_tokens[0])
+                    return kvt__err(KVT_ESTATE, "step: sequence %u's layers hold different "
+                                    "lengths (layer 0 %u tokens, layer %u %u); append the "
+                                    "missing tokens with kvt_seq_append before a step "
+                                    "appends", i, s->n_tokens[0], l, s->n_tokens[l]);
+        }
+    }
     if (st->appended[layer])
         return kvt__err(KVT_ESTATE, "layer: %u was already appended in this step", layer);
     if (st->sel_layer == layer)
@@ -83,6 +97,7 @@ KVT_API int kvt_step_append(kvt_step *st, uint32_t layer, const void *k, const v
             st->expect[(size_t)i * st->L + layer]++;
         }
         st->appended[layer] = 1;
+        st->n_appended++;
         return 0;
     }
     for (uint32_t i = 0; i < st->n; i++) {
@@ -92,6 +107,7 @@ KVT_API int kvt_step_append(kvt_step *st, uint32_t layer, const void *k, const v
         st->expect[(size_t)i * st->L + layer]++;
     }
     st->appended[layer] = 1;
+    st->n_appended++;
     return 0;
 }
 
@@ -359,6 +375,11 @@ int kvt__select(kvt_step *st, uint32_t layer, const float *q)
         return rc;
     const bool dense = (st->flags & KVT_STEP_DENSE) != 0;
     KVT__CHECK_NULL(q);
+    if (st->n_appended && !st->appended[layer])
+        return kvt__err(KVT_ESTATE, "layer: %u was not appended in this step yet (a step "
+                        "that appends appends each layer before selecting it)", layer);
+    if (!st->n_appended)
+        st->read_only = true;
     const kvt__backend *be = st->pool->be;
     if (be->step_select) {
         st->sel_layer = KVT__NO_LAYER;

@@ -40,6 +40,40 @@ void kvt__step_free(struct kvt_step *st)
 }
 
 
+/* The next handle of the pool's ring (allocated on first use), holding the
+ * workspace from now on. */
+static int kvt__step_next(kvt_pool *pool, kvt_step **out)
+{
+    const uint32_t ring = (uint32_t)(sizeof pool->step_ring / sizeof pool->step_ring[0]);
+    const uint32_t slot = pool->step_next % ring;
+    kvt_step *st = pool->step_ring[slot];
+    if (!st) {
+        st = calloc(1, sizeof *st);
+        if (st) {
+            st->pool = pool;
+            st->appended = calloc(pool->g.n_layers, 1);
+            st->recorded = calloc(pool->g.n_layers, 1);
+        }
+        if (!st || !st->appended || !st->recorded) {
+            kvt__step_free(st);
+            return kvt__err(KVT_ENOMEM, "kvt_step_plan: cannot allocate the step");
+        }
+        pool->step_ring[slot] = st;
+    }
+    kvt_step *prev = pool->step;
+    if (prev && prev != st) { /* the workspace moves; the old handle keeps none */
+        free(st->wksp);
+        st->wksp = prev->wksp;
+        st->wksp_bytes = prev->wksp_bytes;
+        prev->wksp = NULL;
+        prev->wksp_bytes = 0;
+    }
+    pool->step = st;
+    pool->step_next = (slot + 1u) % ring;
+    *out = st;
+    return 0;
+}
+
 bool kvt__step_is_open(const struct kvt_step *st)
 {
     return st && st->open;
@@ -125,8 +159,7 @@ KVT_API int kvt_step_plan(kvt_pool *pool, const kvt_seq_id *seqs, uint32_t n_seq
 {
     kvt_step_opts o;
     int rc;
-    KVT__CHECK_NULL(out);
-    *out = NULL;
+    KVT__CHECK_NULL(out); /* *out is written on success only */
     KVT__CHECK_NULL(pool);
     KVT__CHECK_NULL(seqs);
     if (opts) {
@@ -299,25 +332,9 @@ KVT_API int kvt_step_plan(kvt_pool *pool, const kvt_seq_id *seqs, uint32_t n_seq
             goto out_free;
         }
     }
-    if (!pool->step) {
-        pool->step = calloc(1, sizeof *pool->step);
-        if (!pool->step) {
-            rc = kvt__err(KVT_ENOMEM, "kvt_step_plan: cannot allocate the step");
-            goto out_free;
-        }
-        pool->step->pool = pool;
-        pool->step->appended = calloc(L, 1);
-        pool->step->recorded = calloc(L, 1);
-        if (!pool->step->appended || !pool->step->recorded) {
-            free(pool->step->appended);
-            free(pool->step->recorded);
-            free(pool->step);
-            pool->step = NULL;
-            rc = kvt__err(KVT_ENOMEM, "kvt_step_plan: cannot allocate the step");
-            goto out_free;
-        }
-    }
-    kvt_step *st = pool->step;
+    kvt_step *st = NULL;
+    if ((rc = kvt__step_next(pool, &st)))
+        goto out_free;
     const size_t part_floats = 2u * (size_t)G + (size_t)G * D;
     size_t dec = ((size_t)G * D + (size_t)G * P) * sizeof(float) +
                  KVT__CHUNK_PAGES * (sizeof(void *) + sizeof(uint32_t));
@@ -387,6 +404,8 @@ KVT_API int kvt_step_plan(kvt_pool *pool, const kvt_seq_id *seqs, uint32_t n_seq
     memcpy(st->ids, seqs, (size_t)n_seqs * sizeof *seqs);
     memcpy(st->seqs, ss, (size_t)n_seqs * sizeof *ss);
     memset(st->appended, 0, L);
+    st->n_appended = 0;
+    st->read_only = false;
     st->sel_layer = KVT__NO_LAYER;
     st->emptied_layer = KVT__NO_LAYER;
     for (uint32_t i = 0; i < n_seqs; i++) {
@@ -467,13 +486,56 @@ int kvt__step_enter(const kvt_step *st, uint32_t layer)
     return 0;
 }
 
+/* A step finishes with every layer appended or none: one that appended
+ * some layers only gets those appends taken back (the CPU backend; a
+ * backend whose device tier the host cannot read keeps them) and
+ * KVT_ESTATE naming the layers it missed. */
+static int kvt__step_unappend(kvt_step *st)
+{
+    uint32_t done = 0;
+    for (uint32_t l = 0; l < st->L; l++)
+        done += st->appended[l] != 0;
+    if (done == 0 || done == st->L)
+        return 0;
+    char miss[160];
+    size_t at = 0;
+    for (uint32_t l = 0; l < st->L && at + 16 < sizeof miss; l++)
+        if (!st->appended[l])
+            at += (size_t)snprintf(miss + at, sizeof miss - at, "%s%u", at ? " " : "", l);
+    if (at + 16 >= sizeof miss)
+        snprintf(miss + at, sizeof miss - at, " ...");
+    kvt_pool *p = st->pool;
+    const bool remote = (p->be_caps & KVT__BE_DEVICE_REMOTE) != 0;
+    if (!remote) {
+        for (uint32_t i = 0; i < st->n; i++) {
+            kvt__seq *s = st->seqs[i];
+            if (!s->live || s->gen != (uint32_t)(st->ids[i] >> 32))
+                continue;
+            if (st->tiered)
+                kvt__settle(st, i, false);
+            for (uint32_t l = 0; l < st->L; l++)
+                if (st->appended[l]) {
+                    kvt__append_pop(p, s, l);
+                    st->expect[(size_t)i * st->L + l]--;
+                }
+        }
+        memset(st->appended, 0, st->L);
+        st->n_appended = 0;
+    }
+    return kvt__err(KVT_ESTATE, "step: %u of %u layers were appended, not layer%s %s; %s", done,
+                    st->L, st->L - done > 1 ? "s" : "", miss,
+                    remote ? "the CUDA backend keeps the appends made (kvt_seq_append the "
+                             "missing layers' tokens before the next step)"
+                           : "the appends made were taken back");
+}
+
 KVT_API int kvt_step_finish(kvt_step *st)
 {
     if (!st)
         return 0;
     if (!st->open)
         return kvt__err(KVT_ESTATE, "step: already finished");
-    int rc = 0;
+    int rc = kvt__step_unappend(st);
     if (st->tiered) {
         /* Nothing of the step may stay in flight (the moves write into the
          * step's buffers); then the pages that filled go out once. */

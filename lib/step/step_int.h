@@ -29,6 +29,9 @@ struct kvt_step {
     uint32_t *expect;         /* [n * L] tokens each layer should hold */
     uint8_t *due;             /* [n * L * H] rerank this step */
     uint8_t *appended;        /* [L] */
+    uint32_t n_appended;      /* layers appended so far */
+    bool read_only;           /* a layer was selected before any append: the
+                                 step appends nothing */
     uint32_t sel_layer;       /* layer of the current selection */
     uint32_t emptied_layer;   /* CUDA: a decode of this layer emptied the items
                                  of failed sequences (decode it after a new

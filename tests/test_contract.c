@@ -1,0 +1,322 @@
+/* The step's call contract (issue 22), through the public calls only:
+ *
+ * - a failed kvt_step_plan leaves *out alone, so the open step stays
+ *   reachable through the engine's variable;
+ * - within a step, a layer is appended before it is selected, or the step
+ *   appends nothing; a step finishes with every layer appended or none: one
+ *   that appended some layers gets KVT_ESTATE naming the others, and its
+ *   appends are taken back. Checked against a twin pool that never saw the
+ *   step: every stored row, every page's metadata and the block counts
+ *   equal byte for byte (f32 storage), then both continue with the same
+ *   step and decode bit for bit alike; with f16 storage the rebuilt
+ *   metadata still bounds every stored key;
+ * - a finished step's handle is not the next step's: calls with it stay
+ *   KVT_ESTATE for the next 15 plans and change nothing. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "testutil.h"
+
+#define N_LAYERS 3
+#define N_KV 2
+#define N_Q 4
+#define HEAD_DIM 8
+#define PAGE 8
+#define ROW (N_KV * HEAD_DIM)
+
+typedef struct {
+    kvt_pool *p;
+    kvt_seq_id id;
+} twin;
+
+static void twin_make(twin *t, kvt_dtype dt, const float *kv, uint32_t n_tok)
+{
+    kvt_pool_opts o = tu_opts(N_LAYERS, N_KV, N_Q, HEAD_DIM, PAGE, dt, 256, 0);
+    TU_OK(kvt_pool_create(&o, &t->p));
+    TU_OK(kvt_seq_create(t->p, NULL, &t->id));
+    for (uint32_t l = 0; l < N_LAYERS; l++)
+        TU_OK(kvt_seq_append(t->p, t->id, l, kv, kv + (size_t)n_tok * ROW, n_tok,
+                             KVT_DTYPE_F32, 0));
+}
+
+/* Every stored row and every page's metadata of both pools, byte for byte;
+ * the device blocks in use equal. */
+static void twin_same(const twin *a, const twin *b, uint32_t n_tok, const char *what)
+{
+    size_t es = 0;
+    kvt_geometry g;
+    TU_OK(kvt_pool_geometry_get(a->p, &g));
+    es = kvt_dtype_size(g.dtype);
+    const size_t bytes = (size_t)n_tok * HEAD_DIM * es;
+    uint8_t *ka = malloc(bytes), *va = malloc(bytes), *kb = malloc(bytes), *vb = malloc(bytes);
+    assert_non_null(ka);
+    assert_non_null(va);
+    assert_non_null(kb);
+    assert_non_null(vb);
+    for (uint32_t l = 0; l < N_LAYERS; l++) {
+        uint32_t la, lb;
+        TU_OK(kvt_seq_length_get(a->p, a->id, l, &la));
+        TU_OK(kvt_seq_length_get(b->p, b->id, l, &lb));
+        if (la != n_tok || lb != n_tok)
+            fail_msg("%s: layer %u holds %u and %u tokens, expected %u", what, l, la, lb, n_tok);
+        for (uint32_t h = 0; h < N_KV; h++) {
+            TU_OK(kvt_seq_read_kv(a->p, a->id, l, h, 0, n_tok, ka, va));
+            TU_OK(kvt_seq_read_kv(b->p, b->id, l, h, 0, n_tok, kb, vb));
+            if (memcmp(ka, kb, bytes) || memcmp(va, vb, bytes))
+                fail_msg("%s: layer %u head %u rows differ", what, l, h);
+            for (uint32_t pg = 0; pg < (n_tok + PAGE - 1) / PAGE; pg++) {
+                float ma[3][HEAD_DIM], mb[3][HEAD_DIM];
+                TU_OK(kvt_seq_page_meta_get(a->p, a->id, l, h, pg, ma[0], ma[1], ma[2]));
+                TU_OK(kvt_seq_page_meta_get(b->p, b->id, l, h, pg, mb[0], mb[1], mb[2]));
+                if (memcmp(ma, mb, sizeof ma))
+                    fail_msg("%s: layer %u head %u page %u metadata differs", what, l, h, pg);
+            }
+        }
+    }
+    kvt_stats sa = {.struct_size = sizeof sa}, sb = {.struct_size = sizeof sb};
+    TU_OK(kvt_pool_stats_get(a->p, &sa));
+    TU_OK(kvt_pool_stats_get(b->p, &sb));
+    assert_int_equal(sa.tier[KVT_TIER_DEVICE].blocks_used, sb.tier[KVT_TIER_DEVICE].blocks_used);
+    assert_int_equal(sa.meta_pages_used, sb.meta_pages_used);
+    assert_int_equal(sa.n_tokens, sb.n_tokens);
+    free(ka);
+    free(va);
+    free(kb);
+    free(vb);
+}
+
+/* One full step (every layer appended, then attended) on a pool. */
+static void full_step(twin *t, const float *kv, const float *q, float *out, float *lse)
+{
+    kvt_step_opts so = KVT_STEP_OPTS_INIT;
+    so.flags = KVT_STEP_DENSE;
+    kvt_step *st;
+    TU_OK(kvt_step_plan(t->p, &t->id, 1, &so, &st));
+    for (uint32_t l = 0; l < N_LAYERS; l++) {
+        TU_OK(kvt_step_append(st, l, kv, kv + ROW, KVT_DTYPE_F32, 0));
+        TU_OK(kvt_step_attend(st, l, q, out + (size_t)l * N_Q * HEAD_DIM, lse + (size_t)l * N_Q));
+    }
+    TU_OK(kvt_step_finish(st));
+}
+
+/* A step that appends layers 0 and 1 (and attends layer 0) but not layer 2,
+ * from contexts of n_tok tokens: the step's token fills a page (n_tok % P
+ * == P - 1), opens one (== 0) or lands inside one. */
+static void rollback_case(kvt_dtype dt, uint32_t n_tok)
+{
+    tu_rng r = {0xc0ffee00ull + n_tok + 131u * dt};
+    const uint32_t cap = n_tok + 2;
+    float *kv = malloc((size_t)cap * 2 * ROW * sizeof *kv);
+    assert_non_null(kv);
+    for (size_t e = 0; e < (size_t)cap * 2 * ROW; e++)
+        kv[e] = 2.0f * tu_unit(&r) - 1.0f;
+    float q[N_Q * HEAD_DIM], nkv[2 * ROW];
+    for (size_t e = 0; e < sizeof q / sizeof q[0]; e++)
+        q[e] = tu_unit(&r);
+    for (size_t e = 0; e < sizeof nkv / sizeof nkv[0]; e++)
+        nkv[e] = 3.0f * tu_unit(&r) - 1.5f;
+    twin a, b;
+    twin_make(&a, dt, kv, n_tok);
+    twin_make(&b, dt, kv, n_tok);
+
+    kvt_step_opts so = KVT_STEP_OPTS_INIT;
+    so.flags = KVT_STEP_DENSE;
+    kvt_step *st;
+    float out[N_LAYERS * N_Q * HEAD_DIM], lse[N_LAYERS * N_Q];
+    TU_OK(kvt_step_plan(a.p, &a.id, 1, &so, &st));
+    TU_OK(kvt_step_append(st, 0, nkv, nkv + ROW, KVT_DTYPE_F32, 0));
+    TU_OK(kvt_step_attend(st, 0, q, out, lse));
+    /* Layer 2 is not appended yet: selecting it is refused, nothing moves. */
+    TU_EXPECT_ERR(kvt_step_select(st, 2, q), KVT_ESTATE, "layer: 2");
+    TU_OK(kvt_step_append(st, 1, nkv, nkv + ROW, KVT_DTYPE_F32, 0));
+    TU_EXPECT_ERR(kvt_step_finish(st), KVT_ESTATE, "not layer 2");
+    assert_non_null(strstr(kvt_last_error(), "taken back"));
+    TU_EXPECT_ERR(kvt_step_finish(st), KVT_ESTATE, "already finished");
+    TU_CHECK(a.p);
+    char what[64];
+    snprintf(what, sizeof what, "%s, %u tokens, after the rollback", kvt_dtype_size(dt) == 4 ?
+             "f32" : "f16", n_tok);
+    if (dt == KVT_DTYPE_F32) {
+        twin_same(&a, &b, n_tok, what);
+    } else {
+        /* The metadata is rebuilt from the stored (rounded) keys: the box
+         * still holds every stored key of the page. */
+        uint16_t kh[PAGE * HEAD_DIM], vh[PAGE * HEAD_DIM];
+        for (uint32_t l = 0; l < 2; l++)
+            for (uint32_t h = 0; h < N_KV; h++) {
+                const uint32_t pg = (n_tok - 1) / PAGE, first = pg * PAGE;
+                TU_OK(kvt_seq_read_kv(a.p, a.id, l, h, first, n_tok - first, kh, vh));
+                float mn[HEAD_DIM], mx[HEAD_DIM], mean[HEAD_DIM];
+                TU_OK(kvt_seq_page_meta_get(a.p, a.id, l, h, pg, mn, mx, mean));
+                for (uint32_t t = 0; t < n_tok - first; t++)
+                    for (uint32_t d = 0; d < HEAD_DIM; d++) {
+                        const double x = tu_f16_value(kh[t * HEAD_DIM + d]);
+                        if (!(mn[d] <= x && x <= mx[d]))
+                            fail_msg("%s: layer %u head %u dim %u: key %g outside [%g, %g]",
+                                     what, l, h, d, x, (double)mn[d], (double)mx[d]);
+                    }
+                uint32_t len;
+                TU_OK(kvt_seq_length_get(a.p, a.id, l, &len));
+                assert_int_equal(len, n_tok);
+            }
+    }
+    /* Both continue with the same full step: the same outputs. */
+    float oa[N_LAYERS * N_Q * HEAD_DIM], la[N_LAYERS * N_Q];
+    float ob[N_LAYERS * N_Q * HEAD_DIM], lb[N_LAYERS * N_Q];
+    full_step(&a, nkv, q, oa, la);
+    full_step(&b, nkv, q, ob, lb);
+    assert_memory_equal(oa, ob, sizeof oa);
+    assert_memory_equal(la, lb, sizeof la);
+    if (dt == KVT_DTYPE_F32)
+        twin_same(&a, &b, n_tok + 1, "after the next step");
+    TU_CHECK(a.p);
+    kvt_pool_destroy(a.p);
+    kvt_pool_destroy(b.p);
+    free(kv);
+}
+
+static void test_partial_step_rollback(void **state)
+{
+    (void)state;
+    const uint32_t ctx[] = {1, 5, 7, 8, 9, 15, 16, 17, 23};
+    for (size_t i = 0; i < sizeof ctx / sizeof ctx[0]; i++) {
+        rollback_case(KVT_DTYPE_F32, ctx[i]);
+        rollback_case(KVT_DTYPE_F16, ctx[i]);
+    }
+}
+
+static void test_call_order(void **state)
+{
+    (void)state;
+    tu_rng r = {0x0dde7ull};
+    float kv[8 * 2 * ROW], q[N_Q * HEAD_DIM], out[N_Q * HEAD_DIM], lse[N_Q];
+    for (size_t e = 0; e < sizeof kv / sizeof kv[0]; e++)
+        kv[e] = tu_unit(&r);
+    for (size_t e = 0; e < sizeof q / sizeof q[0]; e++)
+        q[e] = tu_unit(&r);
+    twin a;
+    twin_make(&a, KVT_DTYPE_F32, kv, 6);
+    kvt_step_opts so = KVT_STEP_OPTS_INIT;
+    so.flags = KVT_STEP_DENSE;
+    kvt_step *st;
+
+    /* Attending before any append makes the step one that appends
+     * nothing: a later append is refused and the lengths stay. */
+    TU_OK(kvt_step_plan(a.p, &a.id, 1, &so, &st));
+    TU_OK(kvt_step_attend(st, 0, q, out, lse));
+    TU_EXPECT_ERR(kvt_step_append(st, 0, kv, kv + ROW, KVT_DTYPE_F32, 0), KVT_ESTATE,
+                  "before any kvt_step_append");
+    TU_EXPECT_ERR(kvt_step_append(st, 1, kv, kv + ROW, KVT_DTYPE_F32, 0), KVT_ESTATE,
+                  "before any kvt_step_append");
+    TU_OK(kvt_step_attend(st, 2, q, out, lse));
+    TU_OK(kvt_step_finish(st));
+    for (uint32_t l = 0; l < N_LAYERS; l++) {
+        uint32_t len;
+        TU_OK(kvt_seq_length_get(a.p, a.id, l, &len));
+        assert_int_equal(len, 6);
+    }
+
+    /* Once a layer is appended, selecting one not yet appended is refused. */
+    TU_OK(kvt_step_plan(a.p, &a.id, 1, &so, &st));
+    TU_OK(kvt_step_append(st, 0, kv, kv + ROW, KVT_DTYPE_F32, 0));
+    TU_EXPECT_ERR(kvt_step_attend(st, 1, q, out, lse), KVT_ESTATE, "layer: 1");
+    TU_EXPECT_ERR(kvt_step_select(st, 2, q), KVT_ESTATE, "layer: 2");
+    TU_OK(kvt_step_attend(st, 0, q, out, lse));
+    TU_OK(kvt_step_append(st, 1, kv, kv + ROW, KVT_DTYPE_F32, 0));
+    TU_OK(kvt_step_append(st, 2, kv, kv + ROW, KVT_DTYPE_F32, 0));
+    TU_OK(kvt_step_attend(st, 2, q, out, lse));
+    TU_OK(kvt_step_finish(st));
+    /* A step that appended nothing and ran nothing finishes with 0. */
+    TU_OK(kvt_step_plan(a.p, &a.id, 1, &so, &st));
+    TU_OK(kvt_step_finish(st));
+
+    /* Layers at different lengths (a per-layer prefill not finished): a
+     * step may attend over them, but its first append is refused. */
+    TU_OK(kvt_seq_append(a.p, a.id, 0, kv, kv + ROW, 1, KVT_DTYPE_F32, 0));
+    TU_OK(kvt_step_plan(a.p, &a.id, 1, &so, &st));
+    TU_EXPECT_ERR(kvt_step_append(st, 0, kv, kv + ROW, KVT_DTYPE_F32, 0), KVT_ESTATE,
+                  "different lengths");
+    TU_OK(kvt_step_finish(st));
+    TU_OK(kvt_step_plan(a.p, &a.id, 1, &so, &st));
+    TU_OK(kvt_step_attend(st, 1, q, out, lse));
+    TU_OK(kvt_step_finish(st));
+    TU_CHECK(a.p);
+    kvt_pool_destroy(a.p);
+}
+
+static void test_plan_failure_keeps_handle(void **state)
+{
+    (void)state;
+    float kv[4 * 2 * ROW];
+    memset(kv, 0, sizeof kv);
+    twin a;
+    twin_make(&a, KVT_DTYPE_F32, kv, 2);
+    kvt_step_opts so = KVT_STEP_OPTS_INIT;
+    so.flags = KVT_STEP_DENSE;
+    kvt_step *st = NULL;
+    TU_OK(kvt_step_plan(a.p, &a.id, 1, &so, &st));
+    kvt_step *open = st;
+    /* The engine plans into the same variable while a step is open. */
+    TU_EXPECT_ERR(kvt_step_plan(a.p, &a.id, 1, &so, &st), KVT_ESTATE, "still open");
+    assert_ptr_equal(st, open);
+    so.flags = 0x80;
+    TU_EXPECT_ERR(kvt_step_plan(a.p, &a.id, 1, &so, &st), KVT_EINVAL, "flags");
+    assert_ptr_equal(st, open);
+    TU_OK(kvt_step_finish(st));
+    kvt_pool_destroy(a.p);
+}
+
+static void test_stale_handles(void **state)
+{
+    (void)state;
+    tu_rng r = {0x57a1eull};
+    float kv[2 * ROW], q[N_Q * HEAD_DIM], out[N_Q * HEAD_DIM], lse[N_Q];
+    for (size_t e = 0; e < sizeof kv / sizeof kv[0]; e++)
+        kv[e] = tu_unit(&r);
+    for (size_t e = 0; e < sizeof q / sizeof q[0]; e++)
+        q[e] = tu_unit(&r);
+    twin a;
+    twin_make(&a, KVT_DTYPE_F32, kv, 1);
+    kvt_seq_id other;
+    TU_OK(kvt_seq_create(a.p, NULL, &other));
+    kvt_step_opts so = KVT_STEP_OPTS_INIT;
+    so.flags = KVT_STEP_DENSE;
+    kvt_step *old;
+    TU_OK(kvt_step_plan(a.p, &a.id, 1, &so, &old));
+    TU_OK(kvt_step_finish(old));
+    /* The next 15 plans (of another sequence) hand out other handles; the
+     * old one stays finished and its calls change nothing. */
+    for (int i = 0; i < 15; i++) {
+        kvt_step *st;
+        TU_OK(kvt_step_plan(a.p, &other, 1, &so, &st));
+        assert_ptr_not_equal(st, old);
+        TU_EXPECT_ERR(kvt_step_append(old, 0, kv, kv + ROW, KVT_DTYPE_F32, 0), KVT_ESTATE,
+                      "finished");
+        TU_EXPECT_ERR(kvt_step_attend(old, 0, q, out, lse), KVT_ESTATE, "finished");
+        TU_EXPECT_ERR(kvt_step_finish(old), KVT_ESTATE, "finished");
+        for (uint32_t l = 0; l < N_LAYERS; l++)
+            TU_OK(kvt_step_append(st, l, kv, kv + ROW, KVT_DTYPE_F32, 0));
+        TU_OK(kvt_step_finish(st));
+    }
+    uint32_t len;
+    TU_OK(kvt_seq_length_get(a.p, a.id, 0, &len));
+    assert_int_equal(len, 1);
+    TU_OK(kvt_seq_length_get(a.p, other, 0, &len));
+    assert_int_equal(len, 15);
+    TU_CHECK(a.p);
+    kvt_pool_destroy(a.p);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_partial_step_rollback),
+        cmocka_unit_test(test_call_order),
+        cmocka_unit_test(test_plan_failure_keeps_handle),
+        cmocka_unit_test(test_stale_handles),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
