@@ -127,9 +127,9 @@ PROG_RPATH := -Wl,-rpath,'$$ORIGIN/../lib'
 # ---- tests ------------------------------------------------------------------
 # Tests of the public ABI link the shared library; tests of internal helpers
 # (kvt__*) link the static one.
-TESTS_SHARED := test_errors test_opts test_pool test_append test_random test_c_headers test_contract \
+TESTS_SHARED := test_errors test_opts test_pool test_append test_random test_c_headers \
                 test_select test_decode test_step test_mover test_policy test_place
-TESTS_STATIC := test_convert test_crc32c test_mckp test_profiler
+TESTS_STATIC := test_convert test_crc32c test_mckp test_profiler test_contract
 # Fault-injection tests link a static library whose tier sources are built
 # with KVT_FAULT_INJECTION; the installed library never has the hooks.
 TESTS_FAULT  := test_mover_faults test_place_faults

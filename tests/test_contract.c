@@ -11,7 +11,12 @@
  *   step and decode bit for bit alike; with f16 storage the rebuilt
  *   metadata still bounds every stored key;
  * - a finished step's handle is not the next step's: calls with it stay
- *   KVT_ESTATE for the next 15 plans and change nothing. */
+ *   KVT_ESTATE for the next 15 plans and change nothing;
+ * - q, out and lse of a decode may not overlap, nor the source of an
+ *   append the pool's own memory (reached here through the internal
+ *   header: the test links the static library);
+ * - messages name enum values (f16, cpu, ...), and list the names an
+ *   unknown value could have been. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -19,6 +24,7 @@
 #include <string.h>
 
 #include "testutil.h"
+#include "internal.h"
 
 #define N_LAYERS 3
 #define N_KV 2
@@ -310,6 +316,89 @@ static void test_stale_handles(void **state)
     kvt_pool_destroy(a.p);
 }
 
+static void test_aliasing(void **state)
+{
+    (void)state;
+    tu_rng r = {0xa11a5ull};
+    float kv[2 * ROW], q[N_Q * HEAD_DIM + N_Q], out[N_Q * HEAD_DIM + N_Q], lse[N_Q];
+    for (size_t e = 0; e < sizeof kv / sizeof kv[0]; e++)
+        kv[e] = tu_unit(&r);
+    for (size_t e = 0; e < sizeof q / sizeof q[0]; e++)
+        q[e] = tu_unit(&r);
+    twin a;
+    twin_make(&a, KVT_DTYPE_F32, kv, 3);
+    kvt_step_opts so = KVT_STEP_OPTS_INIT;
+    so.flags = KVT_STEP_DENSE;
+    kvt_step *st;
+    TU_OK(kvt_step_plan(a.p, &a.id, 1, &so, &st));
+    /* The source of an append inside the pool's device tier. */
+    const uint8_t *dev = a.p->tier[KVT_TIER_DEVICE].base;
+    const size_t blk = a.p->tier[KVT_TIER_DEVICE].block_bytes;
+    TU_EXPECT_ERR(kvt_step_append(st, 0, dev + blk, kv + ROW, KVT_DTYPE_F32, 0), KVT_EINVAL,
+                  "k: lies in the pool's own device tier");
+    TU_EXPECT_ERR(kvt_step_append(st, 0, kv, dev + 2 * blk, KVT_DTYPE_F32, 0), KVT_EINVAL,
+                  "v: lies");
+    TU_EXPECT_ERR(kvt_seq_append(a.p, a.id, 0, dev + blk, kv, 1, KVT_DTYPE_F32, 0), KVT_EINVAL,
+                  "k: lies");
+    uint32_t len;
+    TU_OK(kvt_seq_length_get(a.p, a.id, 0, &len));
+    assert_int_equal(len, 3);
+    for (uint32_t l = 0; l < N_LAYERS; l++)
+        TU_OK(kvt_step_append(st, l, kv, kv + ROW, KVT_DTYPE_F32, 0));
+    /* q, out and lse: out == q, out shifted by one row, lse inside q or out. */
+    TU_EXPECT_ERR(kvt_step_attend(st, 0, q, q, lse), KVT_EINVAL, "out: overlaps q");
+    TU_EXPECT_ERR(kvt_step_attend(st, 0, q, q + HEAD_DIM, lse), KVT_EINVAL, "out: overlaps q");
+    TU_EXPECT_ERR(kvt_step_attend(st, 0, q, out, q + 2), KVT_EINVAL, "lse: overlaps q");
+    TU_EXPECT_ERR(kvt_step_attend(st, 0, q, out, out + N_Q * HEAD_DIM - 1), KVT_EINVAL,
+                  "lse: overlaps out");
+    TU_OK(kvt_step_select(st, 0, q));
+    TU_EXPECT_ERR(kvt_step_decode(st, 0, q, q, NULL), KVT_EINVAL, "out: overlaps q");
+    /* Adjacent is not overlapping. */
+    TU_OK(kvt_step_decode(st, 0, q, out, out + N_Q * HEAD_DIM));
+    TU_OK(kvt_step_finish(st));
+    kvt_pool_destroy(a.p);
+}
+
+static void test_enum_names(void **state)
+{
+    (void)state;
+    float kv[2 * ROW];
+    memset(kv, 0, sizeof kv);
+    twin a;
+    twin_make(&a, KVT_DTYPE_F32, kv, 1);
+    kvt_geometry g;
+    TU_OK(kvt_pool_geometry_get(a.p, &g));
+    g.dtype = KVT_DTYPE_F16;
+    kvt_selector *sel;
+    TU_OK(kvt_selector_create(&g, NULL, &sel));
+    kvt_policy *pol;
+    TU_OK(kvt_policy_create(&g, NULL, &pol));
+    kvt_step_opts so = KVT_STEP_OPTS_INIT;
+    so.selector = sel;
+    so.policy = pol;
+    kvt_step *st = NULL;
+    TU_EXPECT_ERR(kvt_step_plan(a.p, &a.id, 1, &so, &st), KVT_EINVAL,
+                  "the policy's geometry has dtype f16, the pool's has f32");
+    TU_EXPECT_ERR(kvt_seq_append(a.p, a.id, 0, kv, kv, 1, KVT_DTYPE_DEFAULT, 0), KVT_EINVAL,
+                  "src_dtype: default names no source type");
+    TU_EXPECT_ERR(kvt_seq_append(a.p, a.id, 0, kv, kv, 1, 9u, 0), KVT_EINVAL,
+                  "src_dtype: 9 is not a dtype (f16, bf16 or f32)");
+    kvt_pool_opts o = tu_opts(1, 1, 1, 8, 8, KVT_DTYPE_F32, 16, 0);
+    o.backend = 5;
+    kvt_pool *p2;
+    TU_EXPECT_ERR(kvt_pool_create(&o, &p2), KVT_EINVAL, "5 is not a backend (auto, cpu or cuda)");
+    o.backend = KVT_BACKEND_CPU;
+    o.geom.dtype = 7;
+    TU_EXPECT_ERR(kvt_pool_create(&o, &p2), KVT_EINVAL, "7 is not a dtype");
+    kvt_selector_opts sopt = KVT_SELECTOR_OPTS_INIT;
+    sopt.vote = 4;
+    kvt_selector *s2;
+    TU_EXPECT_ERR(kvt_selector_create(&g, &sopt, &s2), KVT_EINVAL, "(sum, max or softvote)");
+    kvt_policy_destroy(pol);
+    kvt_selector_destroy(sel);
+    kvt_pool_destroy(a.p);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -317,6 +406,8 @@ int main(void)
         cmocka_unit_test(test_call_order),
         cmocka_unit_test(test_plan_failure_keeps_handle),
         cmocka_unit_test(test_stale_handles),
+        cmocka_unit_test(test_aliasing),
+        cmocka_unit_test(test_enum_names),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -26,7 +26,11 @@ KVT_API int kvt_seq_append(kvt_pool *pool, kvt_seq_id seq, uint32_t layer, const
         return kvt__err(KVT_EINVAL, "n_tokens: must be at least 1");
     const size_t src_elem = kvt_dtype_size(src_dtype);
     if (src_elem == 0)
-        return kvt__err(KVT_EINVAL, "src_dtype: unknown dtype %u", src_dtype);
+        return src_dtype == KVT_DTYPE_DEFAULT
+                   ? kvt__err(KVT_EINVAL, "src_dtype: default names no source type (it "
+                              "is for options); pass f16, bf16 or f32")
+                   : kvt__err(KVT_EINVAL, "src_dtype: %u is not a dtype (f16, bf16 or f32)",
+                              src_dtype);
     const uint64_t dense = (uint64_t)H * D;
     if (token_stride == 0)
         token_stride = dense;
@@ -38,6 +42,12 @@ KVT_API int kvt_seq_append(kvt_pool *pool, kvt_seq_id seq, uint32_t layer, const
         span > SIZE_MAX / 2)
         return kvt__err(KVT_EOVERFLOW, "n_tokens, token_stride: %u tokens x %llu elements "
                         "overflow", n_tokens, (unsigned long long)token_stride);
+    if (n_tokens) { /* the bytes read: the last token's rows end the span */
+        const size_t ext = (size_t)(((uint64_t)(n_tokens - 1) * token_stride + dense) * src_elem);
+        if ((rc = kvt__not_in_pool(pool, k, ext, "k")) ||
+            (rc = kvt__not_in_pool(pool, v, ext, "v")))
+            return rc;
+    }
 
     const uint32_t cur = s->n_tokens[layer];
     if (n_tokens > s->max_tokens - cur)

@@ -70,12 +70,14 @@ static int kvt__validate_opts(const kvt_pool_opts *o, kvt_pool *p)
     if (rc)
         return rc;
     if (o->backend > KVT_BACKEND_CUDA)
-        return kvt__err(KVT_EINVAL, "opts->backend: unknown backend %u", o->backend);
+        return kvt__err(KVT_EINVAL, "opts->backend: %u is not a backend (auto, cpu or cuda)",
+                        o->backend);
     if (o->flags & ~KVT__KNOWN_POOL_FLAGS)
         return kvt__err(KVT_EINVAL, "opts->flags: unknown bits 0x%x",
                         o->flags & ~KVT__KNOWN_POOL_FLAGS);
     if (o->host_numa > KVT_NUMA_INTERLEAVE)
-        return kvt__err(KVT_EINVAL, "opts->host_numa: unknown policy %u", o->host_numa);
+        return kvt__err(KVT_EINVAL, "opts->host_numa: %u is not a NUMA policy (local, node or "
+                        "interleave)", o->host_numa);
     if (o->host_numa == KVT_NUMA_NODE && !kvt__numa_node_ok(o->host_numa_node))
         return kvt__err(KVT_EINVAL, "opts->host_numa_node: node %d does not exist or has no "
                         "memory this process may use (highest node %d)",

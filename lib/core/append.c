@@ -23,6 +23,21 @@ static void kvt__meta_store(const kvt_pool *p, uint8_t *m, const float *acc, uin
     kvt__store_f32(m + 2 * row, p->g.dtype, tmp, D, KVT__RN);
 }
 
+int kvt__not_in_pool(const kvt_pool *p, const void *ptr, size_t bytes, const char *what)
+{
+    static const char *const names[KVT_NUM_TIERS] = {"device", "host", "disk"};
+    for (uint32_t t = 0; t < KVT_NUM_TIERS; t++) {
+        const kvt__arena *a = &p->tier[t];
+        if (a->base && kvt__overlap(ptr, bytes, a->base, (size_t)a->block_bytes * a->n_blocks))
+            return kvt__err(KVT_EINVAL, "%s: lies in the pool's own %s tier, which the append "
+                            "writes; pass a copy", what, names[t]);
+    }
+    const kvt__arena *m = &p->meta;
+    if (m->base && kvt__overlap(ptr, bytes, m->base, (size_t)m->block_bytes * m->n_blocks))
+        return kvt__err(KVT_EINVAL, "%s: lies in the pool's metadata store", what);
+    return 0;
+}
+
 void kvt__append_alloc(kvt_pool *pool, kvt__seq *s, uint32_t layer, uint32_t n_tokens)
 {
     const uint32_t H = pool->g.n_kv_heads;

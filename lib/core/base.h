@@ -18,6 +18,19 @@
  * `return kvt__err(KVT_EINVAL, "layer: %u >= n_layers %u", l, n);`. */
 KVT__HIDDEN int kvt__err(int code, const char *fmt, ...) KVT__PRINTF(2, 3);
 
+/* Whether the byte ranges [a, a + na) and [b, b + nb) share a byte (by
+ * address: host or device pointers alike). */
+static inline bool kvt__overlap(const void *a, size_t na, const void *b, size_t nb)
+{
+    const uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+    return na && nb && x < y + nb && y < x + na;
+}
+
+/* Names of the public enums for messages (geometry.c): "f16", "cpu", ...;
+ * "?" for a value the enum does not have. */
+KVT__HIDDEN const char *kvt__dtype_name(uint32_t dtype);
+KVT__HIDDEN const char *kvt__backend_name(uint32_t backend);
+
 #define KVT__CHECK_NULL(p)                                                    \
     do {                                                                      \
         if ((p) == NULL)                                                      \

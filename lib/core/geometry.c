@@ -14,6 +14,27 @@ KVT_API size_t kvt_dtype_size(kvt_dtype dtype)
     }
 }
 
+const char *kvt__dtype_name(uint32_t dtype)
+{
+    switch (dtype) {
+    case KVT_DTYPE_DEFAULT: return "default";
+    case KVT_DTYPE_F16: return "f16";
+    case KVT_DTYPE_BF16: return "bf16";
+    case KVT_DTYPE_F32: return "f32";
+    default: return "?";
+    }
+}
+
+const char *kvt__backend_name(uint32_t backend)
+{
+    switch (backend) {
+    case KVT_BACKEND_AUTO: return "auto";
+    case KVT_BACKEND_CPU: return "cpu";
+    case KVT_BACKEND_CUDA: return "cuda";
+    default: return "?";
+    }
+}
+
 int kvt__geometry_resolve(const kvt_geometry *g, kvt_geometry *out)
 {
     kvt_geometry r = *g;
@@ -39,7 +60,8 @@ int kvt__geometry_resolve(const kvt_geometry *g, kvt_geometry *out)
         return kvt__err(KVT_EINVAL, "geom.page_tokens: %u is not a power of two in 8..256",
                         r.page_tokens);
     if (kvt_dtype_size(r.dtype) == 0)
-        return kvt__err(KVT_EINVAL, "geom.dtype: unknown dtype %u", r.dtype);
+        return kvt__err(KVT_EINVAL, "geom.dtype: %u is not a dtype (default, f16, bf16 or f32)",
+                        r.dtype);
     if (r.reserved[0] || r.reserved[1])
         return kvt__err(KVT_EINVAL, "geom.reserved: must be zero");
     if (out)

@@ -219,6 +219,11 @@ KVT__HIDDEN int kvt__seq_reserve(kvt_pool *p, kvt__seq *s, uint32_t pages);
  * tokens of one layer open (append.c); blocks are known to be available. */
 KVT__HIDDEN void kvt__append_alloc(kvt_pool *p, kvt__seq *s, uint32_t layer, uint32_t n_tokens);
 /* Undoes kvt__append_alloc (the sequence still holds the old length). */
+/* KVT_EINVAL naming `what` when [ptr, ptr + bytes) overlaps memory of the
+ * pool's own tiers or metadata store (the source of an append may not be
+ * the pool's own storage, which the append rewrites). */
+KVT__HIDDEN int kvt__not_in_pool(const kvt_pool *p, const void *ptr, size_t bytes,
+                                 const char *what);
 KVT__HIDDEN void kvt__append_unalloc(kvt_pool *p, kvt__seq *s, uint32_t layer, uint32_t n_tokens);
 /* Takes back the last token of `layer` (host-addressable device tier; the
  * page holding it is on the device and no move of it is in flight): a page

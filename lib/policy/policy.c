@@ -42,7 +42,7 @@ static int kvt__head_check(uint32_t cls, uint32_t k, uint32_t w, uint32_t sink, 
     if (H)
         snprintf(at, sizeof at, "[%u] (layer %u, kv_head %u)", idx, idx / H, idx % H);
     if (cls > KVT_HEAD_UNSTABLE)
-        return kvt__err(code ? code : KVT_EINVAL, "%shead_class%s: unknown class %u", what, at,
+        return kvt__err(code ? code : KVT_EINVAL, "%shead_class%s: %u is not a head class (stable or unstable)", what, at,
                         cls);
     if (k > KVT_SELECT_MAX_PAGES)
         return kvt__err(code ? code : KVT_ERANGE,
@@ -78,9 +78,13 @@ int kvt__geometry_same(const kvt_geometry *a, const kvt_geometry *b, const char 
     const uint32_t y[] = {b->n_layers, b->n_kv_heads, b->n_q_heads,
                           b->head_dim, b->page_tokens, b->dtype};
     for (size_t i = 0; i < sizeof x / sizeof x[0]; i++)
-        if (x[i] != y[i])
+        if (x[i] != y[i]) {
+            if (i == 5) /* dtype: by name */
+                return kvt__err(KVT_EINVAL, "%s: %s's geometry has dtype %s, %s's has %s", what,
+                                a_name, kvt__dtype_name(x[i]), b_name, kvt__dtype_name(y[i]));
             return kvt__err(KVT_EINVAL, "%s: %s's geometry has %s %u, %s's has %u", what,
                             a_name, names[i], x[i], b_name, y[i]);
+        }
     return 0;
 }
 
@@ -134,7 +138,7 @@ int kvt__policy_opts_get(kvt_policy_opts *o, const kvt_policy_opts *opts, const 
         kvt_policy_opts_init(o);
     }
     if (o->default_class > KVT_HEAD_UNSTABLE)
-        return kvt__err(KVT_EINVAL, "%s->default_class: unknown class %u", name,
+        return kvt__err(KVT_EINVAL, "%s->default_class: %u is not a head class (stable or unstable)", name,
                         o->default_class);
     if (o->stable_interval == 0)
         return kvt__err(KVT_EINVAL, "%s->stable_interval: must be at least 1", name);
@@ -264,7 +268,7 @@ KVT_API int kvt_policy_count_get(const kvt_policy *pol, kvt_head_class head_clas
     KVT__CHECK_NULL(pol);
     KVT__CHECK_NULL(n_heads);
     if (head_class > KVT_HEAD_UNSTABLE)
-        return kvt__err(KVT_EINVAL, "head_class: unknown class %u", head_class);
+        return kvt__err(KVT_EINVAL, "head_class: %u is not a head class (stable or unstable)", head_class);
     *n_heads = head_class == KVT_HEAD_UNSTABLE ? pol->n_unstable : pol->n - pol->n_unstable;
     return 0;
 }
@@ -337,11 +341,6 @@ static void kvt__range(char *s, size_t n, uint32_t lo, uint32_t hi)
         snprintf(s, n, "%u", lo);
     else
         snprintf(s, n, "%u-%u", lo, hi);
-}
-
-static const char *kvt__dtype_name(kvt_dtype d)
-{
-    return d == KVT_DTYPE_F32 ? "f32" : d == KVT_DTYPE_BF16 ? "bf16" : "f16";
 }
 
 KVT_API int kvt_policy_describe(const kvt_policy *pol, uint64_t ctx_tokens, char *buf,

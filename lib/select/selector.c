@@ -60,9 +60,11 @@ KVT_API int kvt_selector_create(const kvt_geometry *geom, const kvt_selector_opt
     if (rc)
         return rc;
     if (o.method > KVT_SCORE_MEAN)
-        return kvt__err(KVT_EINVAL, "opts->method: unknown scoring method %u", o.method);
+        return kvt__err(KVT_EINVAL, "opts->method: %u is not a scoring method (minmax or "
+                        "mean)", o.method);
     if (o.vote > KVT_VOTE_SOFTVOTE)
-        return kvt__err(KVT_EINVAL, "opts->vote: unknown vote %u", o.vote);
+        return kvt__err(KVT_EINVAL, "opts->vote: %u is not a vote (sum, max or softvote)",
+                        o.vote);
     rc = kvt__budget_check(o.top_k_pages, o.sink_pages, o.local_pages, "opts->");
     if (rc)
         return rc;

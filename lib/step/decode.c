@@ -226,6 +226,23 @@ static int kvt__be_decode(kvt_step *st, uint32_t layer, const float *q, float *o
     return rc;
 }
 
+/* q, out and lse of a decode may not share memory: the kernels read q
+ * while they write out and lse. */
+static int kvt__io_disjoint(const kvt_step *st, const float *q, const float *out,
+                            const float *lse)
+{
+    const size_t rows = (size_t)st->n * st->Hq;
+    const size_t nq = rows * st->D * sizeof(float), nl = lse ? rows * sizeof(float) : 0;
+    if (kvt__overlap(q, nq, out, nq))
+        return kvt__err(KVT_EINVAL, "out: overlaps q (%zu bytes each); the decode reads q "
+                        "while it writes out", nq);
+    if (kvt__overlap(lse, nl, q, nq))
+        return kvt__err(KVT_EINVAL, "lse: overlaps q");
+    if (kvt__overlap(lse, nl, out, nq))
+        return kvt__err(KVT_EINVAL, "lse: overlaps out");
+    return 0;
+}
+
 KVT_API int kvt_step_decode(kvt_step *st, uint32_t layer, const float *q, float *out,
                             float *lse)
 {
@@ -234,6 +251,8 @@ KVT_API int kvt_step_decode(kvt_step *st, uint32_t layer, const float *q, float 
         return rc;
     KVT__CHECK_NULL(q);
     KVT__CHECK_NULL(out);
+    if ((rc = kvt__io_disjoint(st, q, out, lse)))
+        return rc;
     if (st->sel_layer != layer)
         return kvt__err(KVT_ESTATE, "layer: %u has no selection in this step (call "
                         "kvt_step_select or kvt_step_attend for it first)", layer);
@@ -294,7 +313,10 @@ KVT_API int kvt_step_attend(kvt_step *st, uint32_t layer, const float *q, float 
         return kvt__err(KVT_EINVAL, "step: must not be NULL");
     KVT__CHECK_NULL(q);
     KVT__CHECK_NULL(out);
-    int rc = kvt_step_select(st, layer, q);
+    int rc = st->open ? kvt__io_disjoint(st, q, out, lse) : 0;
+    if (rc)
+        return rc;
+    rc = kvt_step_select(st, layer, q);
     if (rc)
         return rc;
     return kvt_step_decode(st, layer, q, out, lse);

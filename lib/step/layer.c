@@ -27,7 +27,11 @@ KVT_API int kvt_step_append(kvt_step *st, uint32_t layer, const void *k, const v
     kvt_pool *p = st->pool;
     const size_t src_elem = kvt_dtype_size(src_dtype);
     if (src_elem == 0)
-        return kvt__err(KVT_EINVAL, "src_dtype: unknown dtype %u", src_dtype);
+        return src_dtype == KVT_DTYPE_DEFAULT
+                   ? kvt__err(KVT_EINVAL, "src_dtype: default names no source type (it "
+                              "is for options); pass f16, bf16 or f32")
+                   : kvt__err(KVT_EINVAL, "src_dtype: %u is not a dtype (f16, bf16 or f32)",
+                              src_dtype);
     const uint64_t dense = (uint64_t)st->H * st->D;
     if (seq_stride == 0)
         seq_stride = dense;
@@ -39,6 +43,11 @@ KVT_API int kvt_step_append(kvt_step *st, uint32_t layer, const void *k, const v
         span > SIZE_MAX / 2)
         return kvt__err(KVT_EOVERFLOW, "seq_stride: %u sequences x %llu elements overflow",
                         st->n, (unsigned long long)seq_stride);
+    {
+        const size_t ext = (size_t)(((uint64_t)(st->n - 1) * seq_stride + dense) * src_elem);
+        if ((rc = kvt__not_in_pool(p, k, ext, "k")) || (rc = kvt__not_in_pool(p, v, ext, "v")))
+            return rc;
+    }
     if (st->read_only)
         return kvt__err(KVT_ESTATE, "step: it selected a layer before any kvt_step_append, so "
                         "it appends nothing (a step appends each layer before selecting it)");

@@ -543,7 +543,8 @@ KVT_API int kvt_step_finish(kvt_step *st)
             kvt__settle(st, i, false);
             kvt__fail_reset(st, i);
         }
-        rc = kvt__place_offload(st->pool, st->seqs, st->ids, st->n, UINT32_MAX, false);
+        const int rc1 = kvt__place_offload(st->pool, st->seqs, st->ids, st->n, UINT32_MAX, false);
+        rc = rc ? rc : rc1;
     }
     if (st->pool->be->step_finish) {
         const int rc2 = st->pool->be->step_finish(st);

@@ -666,8 +666,10 @@ static void run_moves(size_t kernel_max, bool unpinned)
             rand_rows(&f.r, v, NS * N_KV_HEADS * HEAD_DIM);
             CU_OK(kvt__cu_memcpy(f.d_k, k, sizeof k));
             CU_OK(kvt__cu_memcpy(f.d_v, v, sizeof v));
-            TU_OK(kvt_step_append(sc, 0, k, v, KVT_DTYPE_F32, 0));
-            TU_OK(kvt_step_append(sg, 0, f.d_k, f.d_v, KVT_DTYPE_F32, 0));
+            for (uint32_t l = 0; l < N_LAYERS; l++) { /* a step appends every layer */
+                TU_OK(kvt_step_append(sc, l, k, v, KVT_DTYPE_F32, 0));
+                TU_OK(kvt_step_append(sg, l, f.d_k, f.d_v, KVT_DTYPE_F32, 0));
+            }
             if (st + 1 == need) { /* the page is full with this step's token, still queued */
                 const kvt_move out1[] = {{s0, 0, 0, T / PAGE_TOKENS, DV, HO, 0}};
                 move_both(&f, out1, 1);
