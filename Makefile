@@ -2,6 +2,7 @@
 #
 #   make                 library (build/lib) and programs (build/bin)
 #   make check           all tests              make check-asan      ASan + UBSan
+#   make check-tsan      ThreadSanitizer over the threaded tests
 #   make check-valgrind  tests under valgrind   make demo            kvtier-decode, embedded model
 #   make fuzz            libFuzzer on the profile parser and GGUF reader (FUZZ_TIME s each)
 #   make abi-check       ABI vs lib/libkvtier.abi   make abi-dump     rewrite the baseline
@@ -53,7 +54,8 @@ ifeq ($(WERROR),1)
 WARN += -Werror
 endif
 comma := ,
-SANFLAGS := $(if $(SAN),-fsanitize=address$(comma)undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined)
+# SAN=1: ASan + UBSan; SAN=thread: ThreadSanitizer (check-tsan).
+SANFLAGS := $(if $(filter thread,$(SAN)),-fsanitize=thread -fno-omit-frame-pointer,$(if $(SAN),-fsanitize=address$(comma)undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined))
 
 # ---- dependencies: found with pkg-config, installed when possible ----------
 # name-in-pkg-config:debian-package
@@ -147,7 +149,7 @@ TEST_SCRIPTS := tests/test_symbols.sh tests/test_man.sh tests/test_install.sh \
                 tests/test_rust.sh tests/test_gpu_scripts.sh tests/test_layers.sh
 TEST_SCRIPTS += $(GPU_TEST_SCRIPTS)
 
-.PHONY: all lib programs check check-asan check-valgrind demo install uninstall clean \
+.PHONY: all lib programs check check-asan check-tsan tsan-run check-valgrind demo install uninstall clean \
         distclean help tests cuda-compile fuzz
 all: lib programs
 lib: $(LIB_SO) $(LIB_A) $(O)/lib/kvtier.pc
@@ -314,6 +316,15 @@ check: all $(TEST_BINS)
 
 check-asan:
 	$(MAKE) O=$(O)/asan SAN=1 check
+
+# ThreadSanitizer over the tests that run the worker threads and the tier
+# mover (the CUDA emulation's fibers are not TSan-clean by design, so the
+# build is CUDA=0).
+TSAN_TESTS := test_decode test_step test_random test_contract test_mover test_place
+check-tsan:
+	$(MAKE) O=$(O)/tsan SAN=thread CUDA=0 tsan-run
+tsan-run: $(addprefix $(O)/tests/,$(TSAN_TESTS))
+	@O=$(O) TSAN_OPTIONS="halt_on_error=1 exitcode=66" sh tests/run.sh $^
 
 check-valgrind:
 	@command -v valgrind >/dev/null || { \

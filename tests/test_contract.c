@@ -16,8 +16,13 @@
  *   append the pool's own memory (reached here through the internal
  *   header: the test links the static library);
  * - messages name enum values (f16, cpu, ...), and list the names an
- *   unknown value could have been. */
+ *   unknown value could have been; a struct_size far above any version is
+ *   refused without reading past the caller's struct;
+ * - a decode over a page that lives only on disk (a pool without a policy)
+ *   returns KVT_ESTATE with that sequence's output zeroed and lse -inf,
+ *   the other sequence's output the attention. */
 #include <math.h>
+#include <unistd.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -399,6 +404,92 @@ static void test_enum_names(void **state)
     kvt_pool_destroy(a.p);
 }
 
+static void test_struct_size_cap(void **state)
+{
+    (void)state;
+    kvt_pool_opts o = tu_opts(1, 1, 1, 8, 8, KVT_DTYPE_F32, 16, 0);
+    o.struct_size = 1u << 30; /* the struct is ~136 bytes: nothing past it is read */
+    kvt_pool *p;
+    TU_EXPECT_ERR(kvt_pool_create(&o, &p), KVT_EINVAL, "struct_size: 1073741824 is above");
+    o.struct_size = sizeof o;
+    TU_OK(kvt_pool_create(&o, &p));
+    kvt_stats s = {.struct_size = 0xffffffffu};
+    TU_EXPECT_ERR(kvt_pool_stats_get(p, &s), KVT_EINVAL, "struct_size");
+    kvt_step_opts so = KVT_STEP_OPTS_INIT;
+    so.struct_size = 100000;
+    so.flags = KVT_STEP_DENSE;
+    kvt_seq_id id;
+    TU_OK(kvt_seq_create(p, NULL, &id));
+    kvt_step *st = NULL;
+    TU_EXPECT_ERR(kvt_step_plan(p, &id, 1, &so, &st), KVT_EINVAL, "struct_size");
+    assert_null(st);
+    kvt_pool_destroy(p);
+}
+
+static void test_disk_only_decode(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/kvt-contract-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    kvt_pool_opts o = tu_opts(N_LAYERS, N_KV, N_Q, HEAD_DIM, PAGE, KVT_DTYPE_F32, 64, 16);
+    o.disk_dir = dir;
+    o.disk_bytes = 64ull << 20;
+    kvt_pool *p;
+    TU_OK(kvt_pool_create(&o, &p));
+    tu_rng r = {0xd15cull};
+    enum { T = 20 };
+    float kv[2 * T * ROW], q[2 * N_Q * HEAD_DIM], out[2 * N_Q * HEAD_DIM], lse[2 * N_Q];
+    for (size_t e = 0; e < sizeof kv / sizeof kv[0]; e++)
+        kv[e] = tu_unit(&r);
+    for (size_t e = 0; e < sizeof q / sizeof q[0]; e++)
+        q[e] = tu_unit(&r);
+    kvt_seq_id ids[2];
+    for (int i = 0; i < 2; i++) {
+        TU_OK(kvt_seq_create(p, NULL, &ids[i]));
+        for (uint32_t l = 0; l < N_LAYERS; l++)
+            TU_OK(kvt_seq_append(p, ids[i], l, kv, kv + T * ROW, T, KVT_DTYPE_F32, 0));
+    }
+    /* Page 0 of (layer 0, head 1) of the second sequence to the disk alone. */
+    kvt_mover *m;
+    TU_OK(kvt_pool_mover_get(p, &m));
+    const kvt_move mv = {ids[1], 0, 1, 0, KVT_TIER_DEVICE, KVT_TIER_DISK, KVT_MOVE_DROP_SOURCE};
+    int32_t res;
+    kvt_fence f;
+    TU_OK(kvt_mover_submit(m, &mv, 1, 0, &res, &f));
+    TU_OK(kvt_mover_wait(m, f, UINT64_MAX));
+    assert_int_equal(res, 0);
+    kvt_step_opts so = KVT_STEP_OPTS_INIT;
+    so.flags = KVT_STEP_DENSE;
+    kvt_step *st;
+    TU_OK(kvt_step_plan(p, ids, 2, &so, &st));
+    for (size_t e = 0; e < sizeof out / sizeof out[0]; e++)
+        out[e] = 7.0f;
+    TU_EXPECT_ERR(kvt_step_attend(st, 0, q, out, lse), KVT_ESTATE, "only on disk (1 sequence");
+    for (uint32_t e = 0; e < N_Q * HEAD_DIM; e++)
+        assert_true(out[N_Q * HEAD_DIM + e] == 0.0f);
+    for (uint32_t g = 0; g < N_Q; g++) {
+        assert_true(isinf(lse[N_Q + g]) && lse[N_Q + g] < 0);
+        assert_true(isfinite(lse[g]));
+    }
+    /* The first sequence's output is its attention over every token. */
+    double kd[T * HEAD_DIM], vd[T * HEAD_DIM], ref[(N_Q / N_KV) * HEAD_DIM], rl[N_Q / N_KV];
+    double kap[N_Q / N_KV], vmax;
+    for (uint32_t h = 0; h < N_KV; h++) {
+        for (uint32_t t = 0; t < T; t++)
+            for (uint32_t d = 0; d < HEAD_DIM; d++) {
+                kd[t * HEAD_DIM + d] = kv[t * ROW + h * HEAD_DIM + d];
+                vd[t * HEAD_DIM + d] = kv[(T + t) * ROW + h * HEAD_DIM + d];
+            }
+        tu_ref_attention(q + h * (N_Q / N_KV) * HEAD_DIM, N_Q / N_KV, HEAD_DIM, kd, vd, T,
+                         1.0 / sqrt((double)HEAD_DIM), ref, rl, kap, &vmax);
+        for (uint32_t e = 0; e < (N_Q / N_KV) * HEAD_DIM; e++)
+            assert_true(fabs(out[h * (N_Q / N_KV) * HEAD_DIM + e] - ref[e]) < 1e-5);
+    }
+    TU_OK(kvt_step_finish(st));
+    kvt_pool_destroy(p);
+    rmdir(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -408,6 +499,8 @@ int main(void)
         cmocka_unit_test(test_stale_handles),
         cmocka_unit_test(test_aliasing),
         cmocka_unit_test(test_enum_names),
+        cmocka_unit_test(test_struct_size_cap),
+        cmocka_unit_test(test_disk_only_decode),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -115,9 +115,10 @@ static int kvt__validate_opts(const kvt_pool_opts *o, kvt_pool *p)
                                                       : "opts->disk_dir: NULL with disk_bytes set");
     if (o->disk_dir) {
         struct stat st;
+        char b[KVT__BRIEF_MAX];
         if (stat(o->disk_dir, &st) != 0 || !S_ISDIR(st.st_mode))
             return kvt__err(KVT_EINVAL, "opts->disk_dir: '%s' is not an existing directory",
-                            o->disk_dir);
+                            kvt__brief(o->disk_dir, b));
         if (o->host_bytes == 0)
             return kvt__err(KVT_EINVAL, "opts->host_bytes: the disk tier needs a host tier "
                             "(the host tier is the cache over the disk)");

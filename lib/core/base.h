@@ -31,6 +31,12 @@ static inline bool kvt__overlap(const void *a, size_t na, const void *b, size_t 
 KVT__HIDDEN const char *kvt__dtype_name(uint32_t dtype);
 KVT__HIDDEN const char *kvt__backend_name(uint32_t backend);
 
+/* A path for a message (error.c): itself when short, else its first and
+ * last characters around "...", so the message's reason after it is never
+ * cut off by the message's length limit. buf holds at least 160 bytes. */
+#define KVT__BRIEF_MAX 160u
+KVT__HIDDEN const char *kvt__brief(const char *path, char *buf);
+
 #define KVT__CHECK_NULL(p)                                                    \
     do {                                                                      \
         if ((p) == NULL)                                                      \

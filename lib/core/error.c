@@ -1,4 +1,5 @@
 /* Error codes, their names and descriptions, and the per-thread detail. */
+#include <string.h>
 #include <stdarg.h>
 #include <stdio.h>
 
@@ -61,6 +62,19 @@ KVT_API const char *kvt_last_error(void)
 KVT_API void kvt_clear_error(void)
 {
     kvt__errmsg[0] = '\0';
+}
+
+const char *kvt__brief(const char *path, char *buf)
+{
+    const size_t n = strlen(path);
+    if (n < KVT__BRIEF_MAX)
+        return path;
+    const size_t head = 60, tail = KVT__BRIEF_MAX - head - 4;
+    memcpy(buf, path, head);
+    memcpy(buf + head, "...", 3);
+    memcpy(buf + head + 3, path + n - tail, tail);
+    buf[head + 3 + tail] = '\0';
+    return buf;
 }
 
 int kvt__err(int code, const char *fmt, ...)

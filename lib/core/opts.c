@@ -11,10 +11,19 @@ static int kvt__tail_zero(const uint8_t *p, size_t from, size_t to)
     return 1;
 }
 
+/* The largest struct_size accepted: a newer header may have grown a struct,
+ * not by megabytes; a size above this is a garbage field, and reading that
+ * far past the caller's struct would leave it. */
+#define KVT__STRUCT_SIZE_MAX 4096u
+
 int kvt__opts_copy(void *dst, size_t ours, const void *src, size_t min_size, const char *what)
 {
     uint32_t size;
     memcpy(&size, src, sizeof size);
+    if (size > KVT__STRUCT_SIZE_MAX)
+        return kvt__err(KVT_EINVAL, "%s->struct_size: %u is above %u (not a size this or a "
+                        "later version of the struct can have)", what, size,
+                        KVT__STRUCT_SIZE_MAX);
     if (size < min_size)
         return kvt__err(KVT_EINVAL, "%s->struct_size: %u is below the first version's %zu",
                         what, size, min_size);
@@ -32,6 +41,10 @@ int kvt__out_struct(void *dst, size_t ours, size_t min_size, const char *what, s
 {
     uint32_t size;
     memcpy(&size, dst, sizeof size);
+    if (size > KVT__STRUCT_SIZE_MAX)
+        return kvt__err(KVT_EINVAL, "%s->struct_size: %u is above %u (not a size this or a "
+                        "later version of the struct can have)", what, size,
+                        KVT__STRUCT_SIZE_MAX);
     if (size < min_size)
         return kvt__err(KVT_EINVAL, "%s->struct_size: %u is below the first version's %zu",
                         what, size, min_size);

@@ -2,9 +2,14 @@
  * thread works too; workers spin briefly after a job (per-layer calls come
  * in quick succession) and then sleep on a condition variable.
  *
- * A worker claims task indexes with a CAS on `next`, whose high half is the
- * job's generation, so a worker that wakes late can never claim a task of a
- * newer job with the old job's function. */
+ * A job (fn, ctx, n_tasks) is published under the mutex together with its
+ * generation, and a worker copies it under the mutex when it sees a new
+ * generation: no field is read while the caller writes the next job's.
+ * Workers claim task indexes with a CAS on `next`, whose high half is the
+ * job's generation, so a worker still holding an older job's copy can never
+ * claim a task of a newer one (the older job's tasks are all claimed by
+ * then, so its CAS finds a different generation or no index below its
+ * n_tasks). */
 #include <pthread.h>
 #include <stdlib.h>
 
@@ -19,19 +24,26 @@ static inline void kvt__cpu_relax(void)
 #endif
 }
 
-/* Runs tasks of generation `gen` until none is left; returns how many ran. */
-static uint32_t kvt__tp_drain(kvt__tp *tp, uint32_t gen, uint32_t thread)
+/* A job as a worker runs it: its own copy. */
+typedef struct {
+    uint32_t gen, n_tasks;
+    kvt__task_fn fn;
+    void *ctx;
+} kvt__job;
+
+/* Runs tasks of job j until none is left; returns how many ran. */
+static uint32_t kvt__tp_drain(kvt__tp *tp, const kvt__job *j, uint32_t thread)
 {
     uint32_t ran = 0;
     for (;;) {
         uint64_t v = atomic_load_explicit(&tp->next, memory_order_acquire);
-        if ((uint32_t)(v >> 32) != gen || (uint32_t)v >= tp->n_tasks)
+        if ((uint32_t)(v >> 32) != j->gen || (uint32_t)v >= j->n_tasks)
             break;
         if (!atomic_compare_exchange_weak_explicit(&tp->next, &v, v + 1,
                                                    memory_order_acq_rel,
                                                    memory_order_relaxed))
             continue;
-        tp->fn(tp->ctx, (uint32_t)v, thread);
+        j->fn(j->ctx, (uint32_t)v, thread);
         ran++;
     }
     return ran;
@@ -54,19 +66,23 @@ static void *kvt__worker(void *arg)
             kvt__cpu_relax();
             gen = atomic_load_explicit(&tp->gen, memory_order_acquire);
         }
+        pthread_mutex_lock(&tp->mu);
         if (gen == seen) {
-            pthread_mutex_lock(&tp->mu);
             tp->sleepers++;
             while ((gen = atomic_load_explicit(&tp->gen, memory_order_acquire)) == seen &&
                    !atomic_load_explicit(&tp->stop, memory_order_relaxed))
                 pthread_cond_wait(&tp->cv, &tp->mu);
             tp->sleepers--;
-            pthread_mutex_unlock(&tp->mu);
         }
+        /* The job of the generation now published, copied under the mutex
+         * that its publication holds. */
+        const kvt__job j = {atomic_load_explicit(&tp->gen, memory_order_relaxed), tp->n_tasks,
+                            tp->fn, tp->ctx};
+        pthread_mutex_unlock(&tp->mu);
         if (atomic_load_explicit(&tp->stop, memory_order_acquire))
             break;
-        seen = gen;
-        uint32_t ran = kvt__tp_drain(tp, gen, id);
+        seen = j.gen;
+        uint32_t ran = kvt__tp_drain(tp, &j, id);
         if (ran)
             atomic_fetch_add_explicit(&tp->done, ran, memory_order_acq_rel);
     }
@@ -132,20 +148,21 @@ void kvt__tp_run(kvt__tp *tp, kvt__task_fn fn, void *ctx, uint32_t n_tasks)
             fn(ctx, t, 0);
         return;
     }
-    /* The previous job is complete (done == its n_tasks), so no worker
-     * touches fn/ctx/n_tasks until the new generation is published. */
-    uint32_t gen = atomic_load_explicit(&tp->gen, memory_order_relaxed) + 1u;
+    /* The previous job is complete (done == its n_tasks). The new one is
+     * published under the mutex, where workers copy it. */
+    pthread_mutex_lock(&tp->mu);
+    const kvt__job j = {atomic_load_explicit(&tp->gen, memory_order_relaxed) + 1u, n_tasks, fn,
+                        ctx};
     tp->fn = fn;
     tp->ctx = ctx;
     tp->n_tasks = n_tasks;
     atomic_store_explicit(&tp->done, 0, memory_order_relaxed);
-    atomic_store_explicit(&tp->next, (uint64_t)gen << 32, memory_order_release);
-    pthread_mutex_lock(&tp->mu);
-    atomic_store_explicit(&tp->gen, gen, memory_order_release);
+    atomic_store_explicit(&tp->next, (uint64_t)j.gen << 32, memory_order_release);
+    atomic_store_explicit(&tp->gen, j.gen, memory_order_release);
     if (tp->sleepers)
         pthread_cond_broadcast(&tp->cv);
     pthread_mutex_unlock(&tp->mu);
-    uint32_t ran = kvt__tp_drain(tp, gen, 0);
+    uint32_t ran = kvt__tp_drain(tp, &j, 0);
     if (ran)
         atomic_fetch_add_explicit(&tp->done, ran, memory_order_acq_rel);
     while (atomic_load_explicit(&tp->done, memory_order_acquire) != n_tasks)

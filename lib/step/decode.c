@@ -300,10 +300,33 @@ KVT_API int kvt_step_decode(kvt_step *st, uint32_t layer, const float *q, float 
         if ((rc = kvt__dec_failed(st, layer, rnd)))
             return rc;
     }
-    if (atomic_load(&st->err))
+    if (atomic_load(&st->err)) {
+        /* A sequence with a selected page on disk only: its output is not
+         * the attention; zeros and lse -infinity, as after a failed copy. */
+        uint32_t bad = 0;
+        for (uint32_t i = 0; i < st->n; i++) {
+            const kvt__seq *s = st->seqs[i];
+            bool miss = false;
+            for (uint32_t h = 0; h < st->H && !miss; h++) {
+                const uint32_t ih = i * st->H + h;
+                const size_t base = kvt__lh(st->pool, layer, h) * s->cap_pages;
+                const uint32_t *sel = st->sel_pages + st->sel_off[ih];
+                for (uint32_t j = 0; j < st->sel_cnt[ih] && !miss; j++)
+                    miss = !s->dev_block[base + sel[j]] && !s->host_block[base + sel[j]];
+            }
+            if (!miss)
+                continue;
+            bad++;
+            memset(out + (size_t)i * st->Hq * st->D, 0, (size_t)st->Hq * st->D * sizeof *out);
+            if (lse)
+                for (uint32_t g = 0; g < st->Hq; g++)
+                    lse[(size_t)i * st->Hq + g] = -INFINITY;
+        }
         return kvt__err(KVT_ESTATE, "sparse decode: a selected page of layer %u lives only on "
-                        "disk; fetch it to the device or host tier (kvt_mover_submit) first",
-                        layer);
+                        "disk (%u sequence%s: output zeros, lse -infinity); fetch it to the "
+                        "device or host tier (kvt_mover_submit) first", layer, bad,
+                        bad == 1 ? "" : "s");
+    }
     return 0;
 }
 

@@ -27,6 +27,7 @@ int kvt__disk_open(kvt_pool *p, const char *dir, uint64_t bytes, const kvt_mover
                    kvt__disk **out)
 {
     *out = NULL;
+    char bp[KVT__BRIEF_MAX]; /* paths in messages */
     kvt__disk *d = calloc(1, sizeof *d);
     if (!d)
         return kvt__err(KVT_ENOMEM, "disk tier: cannot allocate its state");
@@ -85,8 +86,8 @@ int kvt__disk_open(kvt_pool *p, const char *dir, uint64_t bytes, const kvt_mover
     if (fd0 < 0) {
         int e = errno;
         rc = kvt__err(e == ENOSPC ? KVT_ENOSPC : KVT_EINVAL,
-                      "opts->disk_dir: cannot create the disk file in '%s': %s", dir,
-                      strerror(e));
+                      "opts->disk_dir: cannot create the disk file in '%s': %s",
+                      kvt__brief(dir, bp), strerror(e));
         goto fail;
     }
     int fd = kvt__direct_refused() ? (errno = EINVAL, -1)
@@ -101,8 +102,8 @@ int kvt__disk_open(kvt_pool *p, const char *dir, uint64_t bytes, const kvt_mover
         close(fd0);
         unlink(d->path);
         rc = kvt__err(e == EINVAL ? KVT_ENOTSUP : KVT_EIO,
-                      "opts->disk_dir: cannot open '%s' with O_DIRECT: %s%s", d->path,
-                      strerror(e),
+                      "opts->disk_dir: cannot open '%s' with O_DIRECT: %s%s",
+                      kvt__brief(d->path, bp), strerror(e),
                       e == EINVAL ? " (KVT_MOVER_REQUIRE_DIRECT is set; the filesystem "
                                     "does not support direct I/O)" : "");
         goto fail;
@@ -118,7 +119,7 @@ int kvt__disk_open(kvt_pool *p, const char *dir, uint64_t bytes, const kvt_mover
     if (e) {
         rc = kvt__err(e == ENOSPC ? KVT_ENOSPC : KVT_EIO,
                       "opts->disk_bytes: cannot preallocate %llu bytes in '%s': %s",
-                      (unsigned long long)d->file_bytes, dir, strerror(e));
+                      (unsigned long long)d->file_bytes, kvt__brief(dir, bp), strerror(e));
         goto fail;
     }
     *out = d;
