@@ -90,7 +90,7 @@ NODEP_GOALS := clean distclean uninstall help
 ifneq ($(filter-out $(NODEP_GOALS),$(or $(MAKECMDGOALS),all)),)
 include $(O)/config.mk
 include $(O)/config-decode.mk
-ifneq ($(filter check% tests gpu-tests gpu-bins $(O)/tests/%,$(MAKECMDGOALS)),)
+ifneq ($(filter check% tsan-run tests gpu-tests gpu-bins $(O)/tests/%,$(MAKECMDGOALS)),)
 include $(O)/config-test.mk
 endif
 endif
