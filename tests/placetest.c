@@ -506,12 +506,23 @@ void pfx_step(pfx *f, const step_args *a, step_res *res)
                     memcpy(want, forced, np);
                     for (uint32_t j = 0; j < f->ntopk[i][lh]; j++)
                         want[f->topk[i][lh][j]] = 1;
+                    /* A budget that covers every page selects every page
+                     * (pages that filled since the rerank included), as a
+                     * rescore would. */
+                    if ((uint64_t)K + f->ph.sink[lh] + f->ph.local[lh] >= np)
+                        memset(want, 1, np);
                     uint32_t nw = 0;
                     for (uint32_t pg = 0; pg < np; pg++)
                         if (want[pg]) {
-                            if (nw >= n || sp[nw] != pg)
+                            if (nw >= n || sp[nw] != pg) {
+                                char got[256];
+                                size_t at = 0;
+                                for (uint32_t j = 0; j < n && at + 12 < sizeof got; j++)
+                                    at += (size_t)snprintf(got + at, sizeof got - at, " %u",
+                                                           sp[j]);
                                 fail_msg("%s: page %u (last top-K or forced) expected at "
-                                         "entry %u", what, pg, nw);
+                                         "entry %u; selected:%s", what, pg, nw, got);
+                            }
                             nw++;
                         }
                     if (n != nw)

@@ -18,6 +18,13 @@
  * - messages name enum values (f16, cpu, ...), and list the names an
  *   unknown value could have been; a struct_size far above any version is
  *   refused without reading past the caller's struct;
+ * - local_pages counts full pages: a partial last page is selected on top
+ *   of them (contexts of exactly k pages, k pages + 1 token, k pages - 1);
+ * - NaN and infinity (CPU backend): a key with a NaN or infinite element is
+ *   stored as given, and the query heads whose selection holds its page get
+ *   a NaN output row and lse; a query head with a non-finite element gets
+ *   a NaN row and lse; the other heads their usual result; a NaN value
+ *   propagates to the output of the heads that attend it (lse finite);
  * - a decode over a page that lives only on disk (a pool without a policy)
  *   returns KVT_ESTATE with that sequence's output zeroed and lse -inf,
  *   the other sequence's output the attention. */
@@ -490,6 +497,127 @@ static void test_disk_only_decode(void **state)
     rmdir(dir);
 }
 
+static void test_local_pages_boundary(void **state)
+{
+    (void)state;
+    const uint32_t T[] = {3 * PAGE, 3 * PAGE + 1, 3 * PAGE - 1, 1, PAGE};
+    /* sink 0, top-K 0: only the forced pages; local 1 and 2. */
+    const uint32_t want1[][3] = {{2, 0, 0}, {2, 3, 0}, {1, 2, 0}, {0, 0, 0}, {0, 0, 0}};
+    const uint32_t n1[] = {1, 2, 2, 1, 1};
+    const uint32_t want2[][3] = {{1, 2, 0}, {1, 2, 3}, {0, 1, 2}, {0, 0, 0}, {0, 0, 0}};
+    const uint32_t n2[] = {2, 3, 3, 1, 1};
+    float kv[2 * 3 * PAGE * ROW] = {0}, q[N_Q * HEAD_DIM] = {0};
+    for (size_t c = 0; c < sizeof T / sizeof T[0]; c++) {
+        twin a;
+        twin_make(&a, KVT_DTYPE_F32, kv, T[c]);
+        kvt_geometry g;
+        TU_OK(kvt_pool_geometry_get(a.p, &g));
+        kvt_selector *sel;
+        TU_OK(kvt_selector_create(&g, NULL, &sel));
+        for (uint32_t local = 1; local <= 2; local++) {
+            TU_OK(kvt_selector_budget_set(sel, 0, 0, 0, 0, local));
+            uint32_t pages[8], n;
+            TU_OK(kvt_selector_select(sel, a.p, a.id, 0, 0, q, pages, 8, &n, NULL));
+            const uint32_t wn = local == 1 ? n1[c] : n2[c];
+            const uint32_t *w = local == 1 ? want1[c] : want2[c];
+            if (n != wn || memcmp(pages, w, wn * sizeof *w))
+                fail_msg("T %u local %u: %u pages selected (first %u), expected %u", T[c],
+                         local, n, n ? pages[0] : 0, wn);
+        }
+        kvt_selector_destroy(sel);
+        kvt_pool_destroy(a.p);
+    }
+}
+
+static void test_nonfinite(void **state)
+{
+    (void)state;
+    tu_rng r = {0x7a7aull};
+    enum { T = 10 };
+    float kv[2 * T * ROW], q[N_Q * HEAD_DIM], q2[N_Q * HEAD_DIM];
+    float out[N_Q * HEAD_DIM], lse[N_Q], out2[N_Q * HEAD_DIM], lse2[N_Q];
+    for (size_t e = 0; e < sizeof kv / sizeof kv[0]; e++)
+        kv[e] = tu_unit(&r);
+    for (size_t e = 0; e < sizeof q / sizeof q[0]; e++)
+        q[e] = tu_unit(&r);
+    twin a;
+    twin_make(&a, KVT_DTYPE_F32, kv, T);
+    kvt_step_opts so = KVT_STEP_OPTS_INIT;
+    so.flags = KVT_STEP_DENSE;
+    kvt_step *st;
+    TU_OK(kvt_step_plan(a.p, &a.id, 1, &so, &st));
+    /* A NaN value in the step's token of head 1: the query heads of KV head
+     * 1 attend it. */
+    float vn[2 * ROW];
+    memcpy(vn, kv, sizeof vn);
+    vn[ROW + HEAD_DIM + 2] = NAN;
+    for (uint32_t l = 0; l < N_LAYERS; l++)
+        TU_OK(kvt_step_append(st, l, vn, l == 1 ? vn + ROW : kv + ROW, KVT_DTYPE_F32, 0));
+    /* Query head 1 gets an infinity: only its row turns NaN. */
+    memcpy(q2, q, sizeof q);
+    q2[1 * HEAD_DIM + 4] = INFINITY;
+    TU_OK(kvt_step_attend(st, 0, q, out, lse));
+    TU_OK(kvt_step_attend(st, 2, q2, out2, lse2));
+    for (uint32_t j = 0; j < N_Q; j++)
+        for (uint32_t d = 0; d < HEAD_DIM; d++) {
+            const float x = out2[j * HEAD_DIM + d], y = out[j * HEAD_DIM + d];
+            if (j == 1)
+                assert_true(isnan(x));
+            else
+                assert_true(x == y); /* layers 0 and 2 hold the same keys and values */
+        }
+    assert_true(isnan(lse2[1]));
+    assert_true(lse2[0] == lse[0] && isfinite(lse[0]));
+    /* Layer 1: the NaN value reaches the heads of KV head 1 (query heads 2
+     * and 3), their lse stays finite; KV head 0's heads are finite. */
+    TU_OK(kvt_step_attend(st, 1, q, out2, lse2));
+    for (uint32_t j = 0; j < N_Q; j++) {
+        assert_true(isfinite(lse2[j]));
+        const int has_nan = isnan(out2[j * HEAD_DIM + 2]);
+        assert_int_equal(has_nan, j >= N_Q / N_KV);
+    }
+    TU_OK(kvt_step_finish(st));
+
+    /* Keys: a NaN in head 1 of layer 0 (by kvt_seq_append, on a twin of
+     * the others' lengths), an infinity in head 0 of layer 2 (by a step):
+     * stored as given, and the heads that attend them report NaN. */
+    twin b;
+    twin_make(&b, KVT_DTYPE_F32, kv, T);
+    float kb[2 * ROW];
+    memcpy(kb, kv, sizeof kb);
+    kb[HEAD_DIM + 3] = NAN;
+    for (uint32_t l = 0; l < N_LAYERS; l++) {
+        float kl[2 * ROW];
+        memcpy(kl, l == 0 ? kb : kv, sizeof kl);
+        if (l == 2)
+            kl[5] = INFINITY;
+        TU_OK(kvt_seq_append(b.p, b.id, l, kl, kv + ROW, 1, KVT_DTYPE_F32, 0));
+    }
+    float krow[HEAD_DIM], vrow[HEAD_DIM];
+    TU_OK(kvt_seq_read_kv(b.p, b.id, 0, 1, T, 1, krow, vrow));
+    assert_true(isnan(krow[3]) && krow[2] == kv[HEAD_DIM + 2]); /* stored as given */
+    TU_CHECK(b.p);
+    TU_OK(kvt_step_plan(b.p, &b.id, 1, &so, &st));
+    for (uint32_t l = 0; l < N_LAYERS; l++)
+        TU_OK(kvt_step_append(st, l, kv, kv + ROW, KVT_DTYPE_F32, 0));
+    for (uint32_t l = 0; l < N_LAYERS; l += 2) {
+        TU_OK(kvt_step_attend(st, l, q, out2, lse2));
+        const uint32_t badkv = l == 0 ? 1 : 0; /* the KV head holding the bad key */
+        for (uint32_t j = 0; j < N_Q; j++) {
+            const bool want_nan = j / (N_Q / N_KV) == badkv;
+            assert_int_equal(isnan(lse2[j]) != 0, want_nan);
+            assert_int_equal(isnan(out2[j * HEAD_DIM]) != 0, want_nan);
+        }
+    }
+    TU_OK(kvt_step_attend(st, 1, q, out2, lse2));
+    for (uint32_t j = 0; j < N_Q; j++)
+        assert_true(isfinite(lse2[j]) && isfinite(out2[j * HEAD_DIM]));
+    TU_OK(kvt_step_finish(st));
+    TU_CHECK(b.p);
+    kvt_pool_destroy(b.p);
+    kvt_pool_destroy(a.p);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -501,6 +629,8 @@ int main(void)
         cmocka_unit_test(test_enum_names),
         cmocka_unit_test(test_struct_size_cap),
         cmocka_unit_test(test_disk_only_decode),
+        cmocka_unit_test(test_local_pages_boundary),
+        cmocka_unit_test(test_nonfinite),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -299,7 +299,7 @@ static void test_lookahead_eviction(void **state)
 {
     (void)state;
     const uint32_t K = 2, W = 2;
-    pheads ph = ph_uniform(K, W, 1, 1, 1); /* rerank every step */
+    pheads ph = ph_uniform(K, W, 1, 0, 1); /* rerank every step; no local page */
     pfx *f = pfx_open(&ph, 300, 300, 0, 0x100c);
     pfx_add(f, 16 * PAGE_TOKENS + 1, KEYS_DESIGNED);
     pfx_add(f, 11 * PAGE_TOKENS + 1, KEYS_DESIGNED);
@@ -365,7 +365,7 @@ static void test_lookahead_eviction(void **state)
 static void test_recycling(void **state)
 {
     (void)state;
-    pheads ph = ph_uniform(2, 1, 1, 1, 1);
+    pheads ph = ph_uniform(2, 1, 1, 0, 1); /* forced: sink and the partial page */
     pfx *f = pfx_open(&ph, 300, 300, 0, 0x2ec);
     pfx_add(f, 14 * PAGE_TOKENS + 1, KEYS_DESIGNED);
     pfx_add(f, 9 * PAGE_TOKENS + 1, KEYS_DESIGNED);
@@ -726,7 +726,7 @@ static void test_enospc(void **state)
      * prefill holds 9 pages of both heads of a layer at once (18 + the 4
      * forced blocks of layer 0), then keeps 2 forced pages per head (8
      * blocks). Four one-token fillers take 4 blocks each: none is left. */
-    pheads ph = ph_uniform(2, 1, 1, 1, 4);
+    pheads ph = ph_uniform(2, 1, 1, 0, 4); /* forced: sink and the partial page */
     pfx *f = pfx_open(&ph, 1 + 24, 200, 0, 0xe05);
     pfx_add(f, 8 * PAGE_TOKENS + 1, KEYS_RANDOM);
     for (int j = 0; j < 4; j++)

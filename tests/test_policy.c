@@ -238,7 +238,7 @@ static uint64_t ref_device_pages(const heads *hd, uint64_t T, uint32_t P, uint64
         }
         memset(mark, 0, np + 1);
         for (uint64_t p = 0; p < np; p++)
-            if (p < hd->sink[i] || p + hd->local[i] >= np || (p == np - 1 && T % P))
+            if (p < hd->sink[i] || p + hd->local[i] + (T % P != 0) >= np)
                 mark[p] = 1;
         uint64_t extra = (uint64_t)hd->k[i] * hd->w[i], n = 0;
         for (uint64_t p = 0; p < np; p++) {
@@ -782,7 +782,7 @@ static uint32_t n_forced(uint32_t T, uint32_t sink, uint32_t local)
     const uint32_t np = (T + SP - 1) / SP;
     uint32_t n = 0;
     for (uint32_t p = 0; p < np; p++)
-        n += p < sink || p + local >= np || (p == np - 1 && T % SP);
+        n += p < sink || p + local + (T % SP != 0) >= np;
     return n;
 }
 
@@ -888,7 +888,7 @@ static uint32_t topk_part(const uint32_t *sel, uint32_t n, uint32_t T, uint32_t 
     *nk = 0;
     for (uint32_t j = 0; j < n; j++) {
         const uint32_t p = sel[j];
-        if (!(p < sink || p + local >= np || (p == np - 1 && T % SP)))
+        if (!(p < sink || p + local + (T % SP != 0) >= np))
             out[(*nk)++] = p;
     }
     return np - n_forced(T, sink, local);

@@ -119,10 +119,10 @@ static uint32_t brute_select(const float *scores, uint32_t tokens, uint32_t P, u
     uint8_t *mark = calloc(n, 1);
     for (uint32_t i = 0; i < sink && i < n; i++)
         mark[i] = 1;
-    for (uint32_t i = 0; i < local && i < n; i++)
+    /* a partial last page is forced on top of the local (full) pages */
+    const uint32_t partial = tokens % P != 0;
+    for (uint32_t i = 0; i < local + partial && i < n; i++)
         mark[n - 1 - i] = 1;
-    if (tokens % P)
-        mark[n - 1] = 1;
     cand *c = malloc(n * sizeof *c);
     uint32_t nc = 0;
     for (uint32_t i = 0; i < n; i++)
@@ -344,10 +344,11 @@ static void test_ties(void **state)
                         uint32_t pages[NP], n_sel, want[NP], nw = 0;
                         /* Expected without looking at any score: sink pages, the
                          * first K pattern-A pages after them (all A pages score
-                         * the same and above every B page), the last page. */
+                         * the same and above every B page), the partial last
+                         * page and the local (full) page before it. */
                         uint32_t taken = 0;
                         for (uint32_t pg = 0; pg < NP; pg++) {
-                            int forced = pg < sink || pg == NP - 1;
+                            int forced = pg < sink || pg + 2 >= NP;
                             int pick = !forced && isA[pg] && taken < K;
                             if (pick)
                                 taken++;
@@ -360,7 +361,7 @@ static void test_ties(void **state)
                             nw = 0;
                             uint32_t needB = K - taken, tookB = 0;
                             for (uint32_t pg = 0; pg < NP; pg++) {
-                                int forced = pg < sink || pg == NP - 1;
+                                int forced = pg < sink || pg + 2 >= NP;
                                 int pick = !forced && (isA[pg] || tookB++ < needB);
                                 if (forced || pick)
                                     want[nw++] = pg;

@@ -247,10 +247,11 @@ static inline void tu_forced_pages(uint8_t *forced, uint32_t T, uint32_t P, uint
     memset(forced, 0, np ? np : 1);
     for (uint32_t i = 0; i < np && i < sink; i++)
         forced[i] = 1;
-    for (uint32_t i = 0; i < np && i < local; i++)
+    /* A partial last page is always forced and does not count against
+     * local: the local pages are the full ones before it. */
+    const uint32_t partial = T % P != 0;
+    for (uint32_t i = 0; i < np && i < local + partial; i++)
         forced[np - 1 - i] = 1;
-    if (T % P)
-        forced[np - 1] = 1;
 }
 
 /* A rescored selection sel[n] against the brute-force rule: sorted and in

@@ -69,9 +69,11 @@ typedef struct kvt_pool_opts {
     const struct kvt_selector *selector; /* scores pages for kvt_seq_warmup and
                                             for steps that name no selector;
                                             must outlive the pool. NULL = none */
-    uint64_t target_tokens;      /* with device_bytes 0 and a policy: size the
-                                    device tier for target_seqs sequences of
-                                    target_tokens tokens (kvt_pool_sizing_get) */
+    uint64_t target_tokens;      /* with device_bytes 0: size the device tier
+                                    for target_seqs sequences of
+                                    target_tokens tokens, under the policy
+                                    (none: every page on device), as
+                                    kvt_pool_sizing_get computes it */
 } kvt_pool_opts;
 
 /* Positional form for C; C++ code should call kvt_pool_opts_init(). */

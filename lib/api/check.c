@@ -123,7 +123,7 @@ static int kvt__check_seq(const kvt_pool *p, uint32_t si, kvt__mark *marks, kvt_
                 if ((r & (KVT_RES_DEVICE | KVT_RES_HOST | KVT_RES_DISK)) == 0)
                     return kvt__err(KVT_EINTERNAL, "seq slot %u layer %u head %u page %u is "
                                     "in no tier (data lost)", si, l, h, pg);
-                if (r & ~(KVT__RES_TIERS | KVT__RES_BUSY | KVT__RES_INBOUND) ||
+                if (r & ~(KVT__RES_TIERS | KVT__RES_BUSY | KVT__RES_INBOUND | KVT__RES_NONFINITE) ||
                     ((r & KVT__RES_INBOUND) && !(r & KVT__RES_BUSY)))
                     return kvt__err(KVT_EINTERNAL, "seq slot %u layer %u head %u page %u: "
                                     "unknown residency bits 0x%x", si, l, h, pg, r);

@@ -84,15 +84,18 @@ void kvt__append_unalloc(kvt_pool *pool, kvt__seq *s, uint32_t layer, uint32_t n
 /* Folds one key row into a page's accumulators (a NaN key opens the box to
  * [-inf, +inf] so that it still contains every stored key: scores become
  * unbounded, never silently wrong). */
-static void kvt__acc_add(float *acc, const float *kf, uint32_t D)
+static bool kvt__acc_add(float *acc, const float *kf, uint32_t D)
 {
+    bool bad = false;
     for (uint32_t d = 0; d < D; d++) {
         const float x = kf[d];
         const float lo = x == x ? x : -INFINITY, hi = x == x ? x : INFINITY;
         acc[d] = lo < acc[d] ? lo : acc[d];
         acc[D + d] = hi > acc[D + d] ? hi : acc[D + d];
         acc[2 * D + d] += x;
+        bad |= !isfinite(x);
     }
+    return bad; /* the key has a NaN or infinite element */
 }
 
 static void kvt__acc_reset(float *acc, uint32_t D)
@@ -123,10 +126,12 @@ void kvt__append_pop(kvt_pool *pool, kvt__seq *s, uint32_t layer)
         const uint8_t *blk = kvt__arena_block(&pool->tier[KVT_TIER_DEVICE], s->dev_block[e]);
         float *acc = s->acc + lh * 3u * D;
         kvt__acc_reset(acc, D);
+        bool bad = false;
         for (uint32_t t = 0; t < slot; t++) {
             kvt__load_f32(kf, blk + (size_t)t * row, pool->g.dtype, D);
-            kvt__acc_add(acc, kf, D);
+            bad |= kvt__acc_add(acc, kf, D);
         }
+        s->res[e] = (uint8_t)((s->res[e] & ~KVT__RES_NONFINITE) | (bad ? KVT__RES_NONFINITE : 0));
         kvt__meta_store(pool, kvt__arena_block(&pool->meta, s->meta_slot[e]), acc, slot, tmp);
     }
 }
@@ -170,7 +175,8 @@ void kvt__append_checked(kvt_pool *pool, kvt__seq *s, uint32_t layer, const void
             }
             if (slot == 0)
                 kvt__acc_reset(acc, D);
-            kvt__acc_add(acc, kf, D);
+            if (kvt__acc_add(acc, kf, D))
+                s->res[base + pg] |= KVT__RES_NONFINITE;
             if (slot == P - 1 || t == n_tokens - 1)
                 kvt__meta_store(pool,
                                 kvt__arena_block(&pool->meta, s->meta_slot[base + pg]), acc,

@@ -1,8 +1,10 @@
 /* The forced-page rule, written once for the library (C) and the CUDA
  * kernels (cuda/, through kvt_cuda_rt.cuh): of a (layer, KV head) with np
  * pages holding `tokens` tokens (page_tokens P), every selection holds the
- * first `sink` pages, the last `local` pages and a partially filled last
- * page, whatever their scores. Internal. */
+ * first `sink` pages, a partially filled last page, and the `local` full
+ * pages before it (the last `local` pages when the last page is full),
+ * whatever their scores: the partial page never uses up local_pages.
+ * Internal. */
 #ifndef KVTIER_FORCED_H
 #define KVTIER_FORCED_H
 
@@ -22,9 +24,8 @@ KVT__RULE void kvt__forced_span(uint32_t np, uint32_t tokens, uint32_t P, uint32
                                 uint32_t local, uint32_t *lo, uint32_t *hi)
 {
     const uint32_t ns = sink < np ? sink : np;
-    uint32_t nl = local < np ? local : np;
-    if (nl == 0 && np != 0 && tokens % P != 0)
-        nl = 1; /* the partial last page */
+    const uint64_t want = (uint64_t)local + (np != 0 && tokens % P != 0); /* + the partial page */
+    const uint32_t nl = want < np ? (uint32_t)want : np;
     *lo = ns;
     *hi = np - nl;
 }

@@ -81,6 +81,9 @@ typedef struct kvt__seq {
  * tier (its block is reserved). */
 #define KVT__RES_INBOUND 0x40u
 #define KVT__RES_TIERS (KVT_RES_DEVICE | KVT_RES_HOST | KVT_RES_DISK)
+/* Internal residency bit: the page holds a NaN or infinite key (set by the
+ * CPU backend's append): a decode that attends the page reports NaN. */
+#define KVT__RES_NONFINITE 0x20u
 
 /* Which page owns a host block (for eviction); slot UINT32_MAX = none. */
 typedef struct kvt__owner {

@@ -281,11 +281,12 @@ static uint64_t kvt__head_device_pages(const kvt_policy *pol, size_t i, uint64_t
 {
     if (pol->cls[i] == KVT_HEAD_UNSTABLE)
         return np;
+    /* The forced pages (lib/core/forced.h's rule, over 64-bit counts): sink,
+     * a partial last page and the local full pages before it. */
     const uint64_t s = pol->sink[i] < np ? pol->sink[i] : np;
-    const uint64_t l = pol->local[i] < np ? pol->local[i] : np;
-    uint64_t f = s + l < np ? s + l : np;
-    if (partial && np > 0 && l == 0 && s < np)
-        f++;
+    const uint64_t want = (uint64_t)pol->local[i] + (partial && np > 0);
+    const uint64_t l = want < np ? want : np;
+    const uint64_t f = s + l < np ? s + l : np;
     const uint64_t kw = (uint64_t)pol->k[i] * pol->window[i];
     const uint64_t rest = np - f;
     return f + (kw < rest ? kw : rest);

@@ -226,6 +226,39 @@ static int kvt__be_decode(kvt_step *st, uint32_t layer, const float *q, float *o
     return rc;
 }
 
+/* A query head with a NaN or infinite element has no defined attention:
+ * its output row and lse become NaN, so the engine sees it (rather than
+ * zeros, which read as "no tokens"). */
+static void kvt__nan_row(const kvt_step *st, size_t r, float *out, float *lse)
+{
+    for (uint32_t d = 0; d < st->D; d++)
+        out[r * st->D + d] = NAN;
+    if (lse)
+        lse[r] = NAN;
+}
+
+/* ... and so does every query head of a KV head whose selection holds a
+ * page with a NaN or infinite key (KVT__RES_NONFINITE, set at append). */
+static void kvt__nan_queries(const kvt_step *st, uint32_t layer, const float *q, float *out,
+                             float *lse)
+{
+    const size_t rows = (size_t)st->n * st->Hq;
+    for (size_t r = 0; r < rows; r++)
+        if (kvt__first_nonfinite(q + r * st->D, KVT_DTYPE_F32, st->D) < st->D)
+            kvt__nan_row(st, r, out, lse);
+    for (uint32_t ih = 0; ih < st->n * st->H; ih++) {
+        const uint32_t i = ih / st->H, h = ih % st->H;
+        const kvt__seq *s = st->seqs[i];
+        const uint8_t *res = s->res + kvt__lh(st->pool, layer, h) * s->cap_pages;
+        const uint32_t *sel = st->sel_pages + st->sel_off[ih];
+        bool bad = false;
+        for (uint32_t j = 0; j < st->sel_cnt[ih] && !bad; j++)
+            bad = (res[sel[j]] & KVT__RES_NONFINITE) != 0;
+        for (uint32_t g = 0; bad && g < st->G; g++)
+            kvt__nan_row(st, (size_t)i * st->Hq + (size_t)h * st->G + g, out, lse);
+    }
+}
+
 /* q, out and lse of a decode may not share memory: the kernels read q
  * while they write out and lse. */
 static int kvt__io_disjoint(const kvt_step *st, const float *q, const float *out,
@@ -300,6 +333,7 @@ KVT_API int kvt_step_decode(kvt_step *st, uint32_t layer, const float *q, float 
         if ((rc = kvt__dec_failed(st, layer, rnd)))
             return rc;
     }
+    kvt__nan_queries(st, layer, q, out, lse);
     if (atomic_load(&st->err)) {
         /* A sequence with a selected page on disk only: its output is not
          * the attention; zeros and lse -infinity, as after a failed copy. */

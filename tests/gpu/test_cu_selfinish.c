@@ -76,8 +76,9 @@ static uint32_t brute_reuse(uint32_t np, uint32_t tokens, uint32_t P, uint32_t s
             in[saved[j]] = 1;
     uint32_t n = 0;
     for (uint32_t i = 0; i < np; i++) {
-        const int forced = i < sink || (uint64_t)i + local >= np ||
-                           (i == np - 1 && tokens % P != 0);
+        /* a partial last page is forced on top of the local full pages */
+        const uint64_t partial = tokens % P != 0;
+        const int forced = i < sink || (uint64_t)i + local + partial >= np;
         if (forced || in[i])
             out[n++] = i;
     }
