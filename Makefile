@@ -37,6 +37,16 @@ WERROR ?= 0
 
 CUDA_HOME ?= /usr/local/cuda
 NVCC ?= $(or $(shell command -v nvcc 2>/dev/null),$(wildcard $(CUDA_HOME)/bin/nvcc))
+# The build directory remembers CUDA=0/1 given on a command line
+# ($(O)/build.mk), so a later `make install` or `make check` in it builds
+# the same library instead of detecting nvcc again.
+ifeq ($(origin CUDA),command line)
+ifneq ($(shell cat $(O)/build.mk 2>/dev/null),CUDA := $(CUDA))
+$(shell mkdir -p $(O) && echo 'CUDA := $(CUDA)' > $(O)/build.mk)
+endif
+else
+-include $(O)/build.mk
+endif
 ifeq ($(origin CUDA),undefined)
 CUDA := $(if $(NVCC),1,0)
 endif
@@ -89,7 +99,10 @@ endef
 NODEP_GOALS := clean distclean uninstall help
 ifneq ($(filter-out $(NODEP_GOALS),$(or $(MAKECMDGOALS),all)),)
 include $(O)/config.mk
+# The example decoder's OpenBLAS: not for goals that build only the library.
+ifneq ($(filter-out install lib abi-dump abi-check,$(or $(MAKECMDGOALS),all)),)
 include $(O)/config-decode.mk
+endif
 ifneq ($(filter check% tsan-run tests gpu-tests gpu-bins $(O)/tests/%,$(MAKECMDGOALS)),)
 include $(O)/config-test.mk
 endif
@@ -165,12 +178,12 @@ $(O)/obj/%.o: %.c $(wildcard include/kvtier/*.h lib/*/*.h cuda/*.h) | $(O)/confi
 	@mkdir -p $(dir $@)
 	$(CC) $(BASE_CFLAGS) $(DEP_CFLAGS) $(CFLAGS) $(ISA_CFLAGS) -c $< -o $@
 
-$(O)/obj/%.o: %.cu $(wildcard include/kvtier/*.h cuda/*.h cuda/*.cuh)
+$(O)/obj/%.o: %.cu $(wildcard include/kvtier/*.h cuda/*.h cuda/*.cuh) lib/core/forced.h
 	@mkdir -p $(dir $@)
 	$(NVCC) -std=c++17 -O2 $(NVCC_ARCH) -Iinclude -Icuda $(NVCC_WARN) \
 	  -Xcompiler -fPIC,-fvisibility=hidden,-fno-threadsafe-statics -c $< -o $@
 
-$(LIB_SO): $(LIB_OBJS) lib/libkvtier.map
+$(LIB_SO): $(LIB_OBJS) lib/libkvtier.map $(wildcard $(O)/build.mk)
 	@mkdir -p $(dir $@)
 	$(CC) -shared -Wl,-soname,$(SONAME) -Wl,--version-script=lib/libkvtier.map -Wl,-z,defs \
 	  -Wl,--as-needed $(SANFLAGS) $(LDFLAGS) -o $@ $(LIB_OBJS) $(LIB_LDLIBS)
@@ -373,11 +386,16 @@ cuda-compile:
 	 else echo "cuda-compile: nvcc not found, skipped"; fi
 
 # The main job: the example decoder on its embedded default model, tiered.
+# The main job on its embedded model: dense and tiered decoding side by
+# side on one prompt (one prefill feeds both).
 demo: $(O)/bin/kvtier-decode
-	$(O)/bin/kvtier-decode
+	$(O)/bin/kvtier-decode --compare
 
 # ---- install ------------------------------------------------------------------
-install: all
+# Installs what `make` built (the library, headers, pkg-config file, man
+# pages, and the programs that exist): it builds the library if needed,
+# never the example programs (nor their OpenBLAS dependency).
+install: lib
 	install -d $(DESTDIR)$(LIBDIR) $(DESTDIR)$(INCLUDEDIR)/kvtier $(DESTDIR)$(PKGCONFIGDIR) \
 	  $(DESTDIR)$(MANDIR)/man3 $(DESTDIR)$(MANDIR)/man5 $(DESTDIR)$(MANDIR)/man7 \
 	  $(DESTDIR)$(BINDIR)
@@ -390,7 +408,8 @@ install: all
 	install -m 644 man/man3/*.3 $(DESTDIR)$(MANDIR)/man3/
 	install -m 644 man/man5/*.5 $(DESTDIR)$(MANDIR)/man5/
 	install -m 644 man/man7/*.7 $(DESTDIR)$(MANDIR)/man7/
-	install -m 755 $(filter-out %-emu,$(PROGS)) $(DESTDIR)$(BINDIR)/
+	$(if $(wildcard $(filter-out %-emu,$(PROGS))),install -m 755 \
+	  $(wildcard $(filter-out %-emu,$(PROGS))) $(DESTDIR)$(BINDIR)/)
 
 uninstall:
 	rm -f $(DESTDIR)$(LIBDIR)/$(SOFILE) $(DESTDIR)$(LIBDIR)/$(SONAME) \

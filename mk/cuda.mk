@@ -22,7 +22,7 @@ EMU_LIB  := $(O)/lib/libkvtier-emu.a
 EMU_CORE_OBJS := $(patsubst %.cpp,$(O)/obj-emu/%.o,$(wildcard cuda/emu/*.cpp))
 EMU_CXXFLAGS = -std=c++17 -O1 -g -DKVT_CUDA_EMU -Iinclude -Icuda -I$(CUDA_HOME)/include -fPIC \
                -fvisibility=hidden -Wall -Wextra $(if $(filter 1,$(WERROR)),-Werror) $(SANFLAGS)
-CUDA_HDRS := $(wildcard include/kvtier/*.h cuda/*.h cuda/*.cuh cuda/emu/*.h)
+CUDA_HDRS := $(wildcard include/kvtier/*.h cuda/*.h cuda/*.cuh cuda/emu/*.h) lib/core/forced.h
 
 $(O)/obj-emu/%.o: %.cu $(CUDA_HDRS)
 	@mkdir -p $(dir $@)

@@ -2,8 +2,12 @@
 # make install into a DESTDIR, then build out-of-tree C and C++ programs (the
 # minimal example, the header consumer, examples/cpp's tiered loop) with
 # `pkg-config --cflags --libs kvtier` against it and run them; then check
-# that make uninstall removes every installed file. (The Rust consumer is
-# built against an installed tree by tests/test_rust.sh.)
+# that make uninstall removes every installed file. Then: a program linked
+# from a non-system prefix finds the library at run time through an rpath
+# (README), and fails to without one; and a build directory made with
+# CUDA=0 installs a CUDA-less library (the configuration is remembered).
+# (The Rust consumer is built against an installed tree by
+# tests/test_rust.sh.)
 set -eu
 O=${O:-build}
 MAKE=${MAKE:-make}
@@ -48,8 +52,29 @@ sflags=$(PKG_CONFIG_SYSROOT_DIR= pkg-config --static --cflags --libs \
 $CC -std=c11 consumer.c -o consumer_static "$dest/usr/lib/libkvtier.a" $(echo "$sflags" | sed 's/-lkvtier//')
 ./consumer_static
 
+# A non-system prefix: the rpath README shows, and without it no library.
+libdir=$(pkg-config --variable=libdir kvtier)
+$CC -std=c11 consumer.c -o consumer_rpath $flags -Wl,-rpath,"$libdir"
+env -u LD_LIBRARY_PATH ./consumer_rpath >/dev/null
+if env -u LD_LIBRARY_PATH ./consumer_c >/dev/null 2>&1; then
+  echo "a consumer without rpath ran: is libkvtier installed system-wide? (skipping that half)"
+fi
+
 cd "$top"
 $MAKE -s O="$O" uninstall DESTDIR="$dest" PREFIX=/usr LIBDIR=/usr/lib >/dev/null
 left=$(find "$dest" -type f -o -type l)
 [ -z "$left" ] || { echo "left after uninstall:"; echo "$left"; exit 1; }
+# CUDA=0 is remembered by the build directory: `make install` there
+# installs the CUDA-less library without compiling a kernel.
+if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
+  ob=$(mktemp -d /tmp/kvtier-o.XXXXXX)
+  d2=$(mktemp -d /tmp/kvtier-install2.XXXXXX)
+  $MAKE -s O="$ob" lib CUDA=0 >/dev/null
+  $MAKE -s O="$ob" install DESTDIR="$d2" PREFIX=/usr LIBDIR=/usr/lib >/dev/null
+  if [ -d "$ob/obj/cuda" ] || nm "$d2/usr/lib/libkvtier.so.0" | grep -q "kvt__cu_malloc"; then
+    echo "make install rebuilt with nvcc after make lib CUDA=0"; rm -rf "$ob" "$d2"; exit 1
+  fi
+  [ ! -d "$ob/bin" ] || { echo "make install built the example programs"; rm -rf "$ob" "$d2"; exit 1; }
+  rm -rf "$ob" "$d2"
+fi
 echo "install/consumer/uninstall: ok"

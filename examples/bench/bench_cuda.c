@@ -881,7 +881,11 @@ static void cb_attn_setup(cb_attn *a, uint32_t B, uint32_t ctx, uint32_t k, uint
                                       .vote_off = (uint64_t)it * np, .n_pages = np};
         tk[it] = (kvt__cu_topk_item){.vote_off = (uint64_t)it * np,
                                      .sel_off = (uint64_t)it * (k + 2), .n_pages = np,
-                                     .tokens = ctx, .k = k, .sink = 0, .local = 1};
+                                     /* one forced page, the last: a partial
+                                        one is forced on its own, a full one
+                                        as the local page */
+                                     .tokens = ctx, .k = k, .sink = 0,
+                                     .local = ctx % CB_P ? 0u : 1u};
     }
     a->d_blocks = cb_dev_upload(a->h_blocks, (size_t)n * 4);
     a->d_ntok = cb_dev_upload(a->h_ntok, (size_t)n * 4);

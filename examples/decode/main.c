@@ -427,8 +427,13 @@ int main(int argc, char **argv)
         if (tk && tok == tok_eos(tk))
             break;
     }
-    if (!o.quiet)
+    if (!o.quiet) {
         printf("\n");
+        if (synthetic)
+            printf("(the embedded model's weights are random, not trained: it repeats a token "
+                   "and its ids are not text; what it shows is whether tiered decoding keeps "
+                   "dense decoding's tokens, below)\n");
+    }
 
     /* Summary. */
     const uint32_t steps = o.gen > 1 ? o.gen - 1 : 0;
@@ -469,9 +474,18 @@ int main(int argc, char **argv)
             (double)ts->tier[KVT_TIER_HOST].bytes_used / 1048576,
             (double)ts->tier[KVT_TIER_DISK].bytes_used / 1048576, h2d / 1048576,
             steps ? h2d / 1024 / steps : 0, hit);
-    if (o.compare)
+    if (o.compare) {
         fprintf(stderr, "compare: top-1 agreement %u/%u (%.3f), max |logit difference| %.4g\n",
                 agree, compared, compared ? (double)agree / compared : 1.0, max_diff);
+        /* At a glance: what the library is for. */
+        const double dd = (double)st[0].tier[KVT_TIER_DEVICE].bytes_used;
+        printf("dense  %7.1f tokens/s, device KV %7.1f MiB\n"
+               "tiered %7.1f tokens/s, device KV %7.1f MiB (%.1f%%)  ->  %.2fx faster, "
+               "same next token %u/%u times\n",
+               steps ? steps / kc[0].t_decode : 0.0, dd / 1048576, tps, dev / 1048576,
+               dd > 0 ? 100 * dev / dd : 0.0, tv->t_decode > 0 ? kc[0].t_decode / tv->t_decode : 0.0,
+               agree, compared);
+    }
     if (o.json) {
         printf("{\"model\":\"%s\",\"kv\":\"%s\",\"prompt_tokens\":%u,\"gen_tokens\":%u,"
                "\"threads\":%u,\"budget_tokens\":%u,\"prefill_s\":%.3f,\"prefill_tok_s\":%.1f,"

@@ -51,7 +51,8 @@ static int ev_cmp(const void *a, const void *b)
 static int forced_page(uint32_t pg, uint32_t np, uint32_t tokens, uint32_t P, uint32_t sink,
                        uint32_t local)
 {
-    return pg < sink || (uint64_t)pg + local >= np || (pg + 1 == np && tokens % P != 0);
+    /* a partial last page is forced on top of the local (full) pages */
+    return pg < sink || (uint64_t)pg + local + (tokens % P != 0) >= np;
 }
 
 typedef struct {

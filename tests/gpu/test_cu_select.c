@@ -408,10 +408,9 @@ static uint32_t brute(const float *v, const tk_case *c, uint32_t P, uint32_t *se
     uint32_t *idx = malloc((np + 1) * 4), nc = 0;
     for (uint32_t i = 0; i < np && i < c->sink; i++)
         mark[i] = 1;
-    for (uint32_t i = 0; i < np && i < c->local; i++)
+    const uint32_t partial = c->tokens % P != 0; /* forced on top of the local pages */
+    for (uint32_t i = 0; i < np && i < c->local + partial; i++)
         mark[np - 1 - i] = 1;
-    if (np && c->tokens % P)
-        mark[np - 1] = 1;
     for (uint32_t i = 0; i < np; i++)
         if (!mark[i])
             idx[nc++] = i;
