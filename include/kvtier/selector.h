@@ -10,8 +10,9 @@
  *   KVT_VOTE_MAX       maximum of the heads' raw scores
  *   KVT_VOTE_SOFTVOTE  each head's scores (times vote_scale) turned into a
  *                      softmax over the pages, then summed.
- * Always selected, outside the top-K budget: the first sink_pages pages, the
- * last local_pages pages and a partially filled last page. The remaining
+ * Always selected, outside the top-K budget: the first sink_pages pages, a
+ * partially filled last page and the local_pages full pages before it (the
+ * last local_pages pages when the last page is full). The remaining
  * pages compete for top_k_pages places; equal scores are broken by the lower
  * page index, and a NaN score (an unbounded box) counts as +infinity. When
  * no more than top_k_pages pages compete, every page is selected.

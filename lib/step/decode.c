@@ -330,8 +330,10 @@ KVT_API int kvt_step_decode(kvt_step *st, uint32_t layer, const float *q, float 
                 for (uint32_t g = 0; g < st->Hq; g++)
                     lse[(size_t)i * st->Hq + g] = -INFINITY;
         }
-        if ((rc = kvt__dec_failed(st, layer, rnd)))
+        if ((rc = kvt__dec_failed(st, layer, rnd))) {
+            kvt__nan_queries(st, layer, q, out, lse); /* the decoded ones still report NaN */
             return rc;
+        }
     }
     kvt__nan_queries(st, layer, q, out, lse);
     if (atomic_load(&st->err)) {
