@@ -104,8 +104,8 @@ KVT_API int kvt_step_plan(kvt_pool *pool, const kvt_seq_id *seqs, uint32_t n_seq
 /* Closes the step: every later call with it returns KVT_ESTATE. Advances
  * each sequence's step counter (the rerank schedule). Accepts NULL. A step
  * appends every layer or none: one that appended some layers only is
- * closed with KVT_ESTATE naming the others, and (CPU backend) its appends
- * are taken back. */
+ * closed with KVT_ESTATE naming the others, and its appends are taken
+ * back. */
 KVT_API int kvt_step_finish(kvt_step *step);
 
 /* Appends one token per sequence to `layer` (as kvt_seq_append with

@@ -36,6 +36,9 @@ typedef struct kvt__backend {
      * all or nothing; sets the layer's length). Required. */
     int (*seq_append)(kvt_pool *p, kvt__seq *s, uint32_t layer, const void *k, const void *v,
                       uint32_t n, kvt_dtype src_dtype, uint64_t token_stride);
+    /* Takes back the last token of a layer (kvt__append_pop's contract);
+     * NULL: kvt__append_pop on the host-addressable device tier. */
+    int (*seq_pop)(kvt_pool *p, kvt__seq *s, uint32_t layer);
 
     /* ---- the step (lib/step; NULL: the step's host code) ------------------- */
     int (*step_plan)(struct kvt_step *st, void *stream);

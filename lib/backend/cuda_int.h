@@ -141,6 +141,11 @@ KVT__HIDDEN int kvt__cuda_check(const struct kvt_pool *p);
 /* Copies n bytes of device memory to the host (waits). */
 KVT__HIDDEN int kvt__cuda_read(const struct kvt_pool *p, void *dst, const void *dev_src, size_t n);
 KVT__HIDDEN int kvt__cuda_step_plan(struct kvt_step *st, void *stream);
+/* Takes back the last token of a layer (the backend table's seq_pop): the
+ * step's kernels are waited for, a page the token opened goes back, else
+ * the page's accumulators and metadata are rebuilt on the host from its key
+ * rows and uploaded. */
+KVT__HIDDEN int kvt__cuda_seq_pop(kvt_pool *p, kvt__seq *s, uint32_t layer);
 KVT__HIDDEN int kvt__cuda_step_append(struct kvt_step *st, uint32_t layer, const void *k,
                                       const void *v, kvt_dtype src_dtype, uint64_t seq_stride,
                                       const uint32_t *cur);

@@ -606,6 +606,7 @@ const kvt__backend kvt__backend_cuda = {
     .read = kvt__cuda_read,
     .seq_append = kvt__cup_seq_append,
     .step_plan = kvt__cuda_step_plan,
+    .seq_pop = kvt__cuda_seq_pop,
     .step_append = kvt__cuda_step_append,
     .step_select = kvt__cuda_step_select,
     .step_fetch = kvt__cuda_step_fetch,

@@ -107,6 +107,22 @@ static void kvt__acc_reset(float *acc, uint32_t D)
     }
 }
 
+bool kvt__page_rebuild(const kvt_pool *p, const uint8_t *krows, uint32_t count, float *acc,
+                       uint8_t *meta)
+{
+    const uint32_t D = p->g.head_dim, P = p->g.page_tokens;
+    const size_t row = (size_t)D * p->elem;
+    float *kf = p->scratch, *tmp = p->scratch + (size_t)P * D;
+    kvt__acc_reset(acc, D);
+    bool bad = false;
+    for (uint32_t t = 0; t < count; t++) {
+        kvt__load_f32(kf, krows + (size_t)t * row, p->g.dtype, D);
+        bad |= kvt__acc_add(acc, kf, D);
+    }
+    kvt__meta_store(p, meta, acc, count, tmp);
+    return bad;
+}
+
 void kvt__append_pop(kvt_pool *pool, kvt__seq *s, uint32_t layer)
 {
     const uint32_t H = pool->g.n_kv_heads, D = pool->g.head_dim, P = pool->g.page_tokens;
@@ -119,20 +135,12 @@ void kvt__append_pop(kvt_pool *pool, kvt__seq *s, uint32_t layer)
         kvt__append_unalloc(pool, s, layer, 1);
         return;
     }
-    const size_t row = (size_t)D * pool->elem;
-    float *kf = pool->scratch, *tmp = pool->scratch + (size_t)P * D;
     for (uint32_t h = 0; h < H; h++) {
         const size_t lh = kvt__lh(pool, layer, h), e = lh * s->cap_pages + pg;
         const uint8_t *blk = kvt__arena_block(&pool->tier[KVT_TIER_DEVICE], s->dev_block[e]);
-        float *acc = s->acc + lh * 3u * D;
-        kvt__acc_reset(acc, D);
-        bool bad = false;
-        for (uint32_t t = 0; t < slot; t++) {
-            kvt__load_f32(kf, blk + (size_t)t * row, pool->g.dtype, D);
-            bad |= kvt__acc_add(acc, kf, D);
-        }
+        const bool bad = kvt__page_rebuild(pool, blk, slot, s->acc + lh * 3u * D,
+                                           kvt__arena_block(&pool->meta, s->meta_slot[e]));
         s->res[e] = (uint8_t)((s->res[e] & ~KVT__RES_NONFINITE) | (bad ? KVT__RES_NONFINITE : 0));
-        kvt__meta_store(pool, kvt__arena_block(&pool->meta, s->meta_slot[e]), acc, slot, tmp);
     }
 }
 

@@ -233,6 +233,11 @@ KVT__HIDDEN void kvt__append_unalloc(kvt_pool *p, kvt__seq *s, uint32_t layer, u
  * it opened goes back, else the page's metadata is rebuilt from the keys
  * still stored (bounds of the stored values, so still bounds). */
 KVT__HIDDEN void kvt__append_pop(kvt_pool *p, kvt__seq *s, uint32_t layer);
+/* The accumulators (acc[3 * D]: min, max, sum) and metadata (meta, 3 rows of
+ * the pool's dtype) of a page from its first `count` key rows (host memory,
+ * the pool's dtype); returns whether a key has a NaN or infinite element. */
+KVT__HIDDEN bool kvt__page_rebuild(const kvt_pool *p, const uint8_t *krows, uint32_t count,
+                                   float *acc, uint8_t *meta);
 /* Appends n_tokens of one layer once every argument has been checked and
  * blocks are known to be available (append.c); cannot fail. */
 KVT__HIDDEN void kvt__append_checked(kvt_pool *p, kvt__seq *s, uint32_t layer, const void *k,

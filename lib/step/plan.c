@@ -505,28 +505,30 @@ static int kvt__step_unappend(kvt_step *st)
     if (at + 16 >= sizeof miss)
         snprintf(miss + at, sizeof miss - at, " ...");
     kvt_pool *p = st->pool;
-    const bool remote = (p->be_caps & KVT__BE_DEVICE_REMOTE) != 0;
-    if (!remote) {
-        for (uint32_t i = 0; i < st->n; i++) {
-            kvt__seq *s = st->seqs[i];
-            if (!s->live || s->gen != (uint32_t)(st->ids[i] >> 32))
-                continue;
-            if (st->tiered)
-                kvt__settle(st, i, false);
-            for (uint32_t l = 0; l < st->L; l++)
-                if (st->appended[l]) {
+    int rc = 0;
+    for (uint32_t i = 0; i < st->n && !rc; i++) {
+        kvt__seq *s = st->seqs[i];
+        if (!s->live || s->gen != (uint32_t)(st->ids[i] >> 32))
+            continue;
+        if (st->tiered)
+            kvt__settle(st, i, false);
+        for (uint32_t l = 0; l < st->L && !rc; l++)
+            if (st->appended[l]) {
+                if (p->be->seq_pop)
+                    rc = p->be->seq_pop(p, s, l);
+                else
                     kvt__append_pop(p, s, l);
+                if (!rc)
                     st->expect[(size_t)i * st->L + l]--;
-                }
-        }
-        memset(st->appended, 0, st->L);
-        st->n_appended = 0;
+            }
     }
-    return kvt__err(KVT_ESTATE, "step: %u of %u layers were appended, not layer%s %s; %s", done,
-                    st->L, st->L - done > 1 ? "s" : "", miss,
-                    remote ? "the CUDA backend keeps the appends made (kvt_seq_append the "
-                             "missing layers' tokens before the next step)"
-                           : "the appends made were taken back");
+    if (rc) /* the backend could not reach its device: the message says why */
+        return rc;
+    memset(st->appended, 0, st->L);
+    st->n_appended = 0;
+    return kvt__err(KVT_ESTATE, "step: %u of %u layers were appended, not layer%s %s; the "
+                    "appends made were taken back", done, st->L, st->L - done > 1 ? "s" : "",
+                    miss);
 }
 
 KVT_API int kvt_step_finish(kvt_step *st)

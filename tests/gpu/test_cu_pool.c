@@ -272,12 +272,69 @@ static void test_prefill_after_finish(void **state)
     fx_close(&f);
 }
 
+/* A step that appends layer 0 only, on both pools: both finishes name layer
+ * 1 and take the appends back (the CUDA pool rebuilds the partial pages'
+ * metadata and accumulators from the device rows); the pools then hold the
+ * same rows and metadata, and the next full steps agree too (their appends
+ * extend the restored accumulators). Lengths so that the step's token
+ * opens a page (48), fills one (47) and lands inside one (37). */
+static void test_partial_step_rollback(void **state)
+{
+    (void)state;
+    fx f;
+    fx_open(&f, 0x5ba11ull, 3, 2);
+    const size_t kvn = NS * N_KV_HEADS * HEAD_DIM;
+    f.d_k = dev(kvn * sizeof(float));
+    f.d_v = dev(kvn * sizeof(float));
+    f.d_q = dev(NS * HQ * HEAD_DIM * sizeof(float));
+    f.d_out = dev(NS * HQ * HEAD_DIM * sizeof(float));
+    f.d_lse = dev(NS * HQ * sizeof(float));
+    new_seq(&f, 0, 37);
+    new_seq(&f, 1, 47);
+    new_seq(&f, 2, 48);
+    float k[NS * N_KV_HEADS * HEAD_DIM], v[NS * N_KV_HEADS * HEAD_DIM];
+    rand_rows(&f.r, k, kvn);
+    rand_rows(&f.r, v, kvn);
+    CU_OK(kvt__cu_memcpy(f.d_k, k, sizeof k));
+    CU_OK(kvt__cu_memcpy(f.d_v, v, sizeof v));
+    kvt_step *sc, *sg;
+    plan_both(&f, 0, false, &sc, &sg);
+    TU_OK(kvt_step_append(sc, 0, k, v, KVT_DTYPE_F32, 0));
+    TU_OK(kvt_step_append(sg, 0, f.d_k, f.d_v, KVT_DTYPE_F32, 0));
+    TU_EXPECT_ERR(kvt_step_finish(sc), KVT_ESTATE, "not layer 1");
+    TU_EXPECT_ERR(kvt_step_finish(sg), KVT_ESTATE, "not layer 1");
+    assert_non_null(strstr(kvt_last_error(), "taken back"));
+    const uint32_t want[NS] = {37, 47, 48};
+    for (uint32_t i = 0; i < NS; i++)
+        for (uint32_t l = 0; l < N_LAYERS; l++) {
+            uint32_t nc, ng;
+            TU_OK(kvt_seq_length_get(f.cpu, f.ic[i], l, &nc));
+            TU_OK(kvt_seq_length_get(f.gpu, f.ig[i], l, &ng));
+            assert_int_equal(nc, want[i]);
+            assert_int_equal(ng, want[i]);
+        }
+    same_contents(&f);
+    TU_CHECK(f.cpu);
+    TU_CHECK(f.gpu);
+    uint32_t reranked = 0;
+    for (uint32_t step = 0; step < 3; step++)
+        run_step(&f, 0, false, false, &reranked);
+    same_contents(&f);
+    TU_CHECK(f.cpu);
+    TU_CHECK(f.gpu);
+    void *d[] = {f.d_k, f.d_v, f.d_q, f.d_out, f.d_lse};
+    for (size_t i = 0; i < sizeof d / sizeof d[0]; i++)
+        kvt__cu_free(d[i]);
+    fx_close(&f);
+}
+
 int main(void)
 {
     GPU_SKIP_WITHOUT_DEVICE();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pool_vs_cpu),
         cmocka_unit_test(test_prefill_after_finish),
+        cmocka_unit_test(test_partial_step_rollback),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
