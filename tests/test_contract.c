@@ -332,7 +332,7 @@ static void test_aliasing(void **state)
 {
     (void)state;
     tu_rng r = {0xa11a5ull};
-    float kv[2 * ROW], q[N_Q * HEAD_DIM + N_Q], out[N_Q * HEAD_DIM + N_Q], lse[N_Q];
+    float kv[2 * 3 * ROW], q[N_Q * HEAD_DIM + N_Q], out[N_Q * HEAD_DIM + N_Q], lse[N_Q];
     for (size_t e = 0; e < sizeof kv / sizeof kv[0]; e++)
         kv[e] = tu_unit(&r);
     for (size_t e = 0; e < sizeof q / sizeof q[0]; e++)
@@ -506,7 +506,7 @@ static void test_local_pages_boundary(void **state)
     const uint32_t n1[] = {1, 2, 2, 1, 1};
     const uint32_t want2[][3] = {{1, 2, 0}, {1, 2, 3}, {0, 1, 2}, {0, 0, 0}, {0, 0, 0}};
     const uint32_t n2[] = {2, 3, 3, 1, 1};
-    float kv[2 * 3 * PAGE * ROW] = {0}, q[N_Q * HEAD_DIM] = {0};
+    float kv[2 * (3 * PAGE + 1) * ROW] = {0}, q[N_Q * HEAD_DIM] = {0};
     for (size_t c = 0; c < sizeof T / sizeof T[0]; c++) {
         twin a;
         twin_make(&a, KVT_DTYPE_F32, kv, T[c]);
