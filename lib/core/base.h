@@ -91,9 +91,6 @@ KVT__HIDDEN uint16_t kvt__f32_to_f16(float f, kvt__round mode);
 KVT__HIDDEN uint16_t kvt__f32_to_bf16(float f, kvt__round mode);
 /* n elements of type src -> f32. */
 KVT__HIDDEN void kvt__load_f32(float *dst, const void *src, kvt_dtype src_dtype, size_t n);
-/* Index of the first NaN or infinity among n elements of type dtype (by
- * their exponent bits), or n when all are finite. */
-KVT__HIDDEN size_t kvt__first_nonfinite(const void *src, kvt_dtype dtype, size_t n);
 /* n f32 -> elements of type dst, rounding as given. */
 KVT__HIDDEN void kvt__store_f32(void *dst, kvt_dtype dst_dtype, const float *src, size_t n,
                                 kvt__round mode);

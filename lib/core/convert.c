@@ -154,22 +154,6 @@ static int kvt__has_f16c(void)
 }
 #endif
 
-size_t kvt__first_nonfinite(const void *src, kvt_dtype dtype, size_t n)
-{
-    if (dtype == KVT_DTYPE_F32) {
-        const uint32_t *x = src;
-        for (size_t i = 0; i < n; i++)
-            if ((x[i] & 0x7f800000u) == 0x7f800000u)
-                return i;
-        return n;
-    }
-    const uint16_t *h = src, m = dtype == KVT_DTYPE_BF16 ? 0x7f80u : 0x7c00u;
-    for (size_t i = 0; i < n; i++)
-        if ((h[i] & m) == m)
-            return i;
-    return n;
-}
-
 void kvt__load_f32(float *dst, const void *src, kvt_dtype src_dtype, size_t n)
 {
     switch (src_dtype) {

@@ -25,11 +25,20 @@ static void kvt__merge(kvt_step *st, uint32_t ih)
     float *lse = st->lse ? st->lse + (size_t)i * st->Hq + (size_t)h * G : NULL;
     for (uint32_t g = 0; g < G; g++) {
         float M = -INFINITY;
+        bool nan = false;
         for (uint32_t t = 0; t < nt; t++) {
             const float m = st->part[(t0 + t) * pf + g];
             M = m > M ? m : M;
+            nan = nan || isnan(st->part[(t0 + t) * pf + G + g]);
         }
         float *o = out + (size_t)g * D;
+        if (nan) { /* a non-finite query or key (kvt__dec_task): no defined attention */
+            for (uint32_t d = 0; d < D; d++)
+                o[d] = NAN;
+            if (lse)
+                lse[g] = NAN;
+            continue;
+        }
         memset(o, 0, D * sizeof *o);
         float Lsum = 0.0f;
         if (M != -INFINITY) {
@@ -68,8 +77,11 @@ static void kvt__dec_task(void *ctx, uint32_t t, uint32_t thread)
     const uint8_t **blocks = (const uint8_t **)(void *)(sbuf + (size_t)G * P);
     uint32_t *ntok = (uint32_t *)(void *)(blocks + KVT__CHUNK_PAGES);
     const float *q = st->q + ((size_t)i * st->Hq + (size_t)h * G) * D;
-    for (size_t j = 0; j < (size_t)G * D; j++)
+    bool qfin = true;
+    for (size_t j = 0; j < (size_t)G * D; j++) {
         qs[j] = q[j] * st->scale;
+        qfin = qfin && isfinite(q[j]);
+    }
 
     const size_t pf = 2u * (size_t)G + (size_t)G * D;
     float *m = st->part + (size_t)t * pf, *l = m + G, *acc = l + G;
@@ -82,9 +94,11 @@ static void kvt__dec_task(void *ctx, uint32_t t, uint32_t thread)
     const uint32_t *sel = st->sel_pages + st->sel_off[ih] + st->task_first[t];
     const uint32_t n = st->task_count[t];
     const size_t base = kvt__lh(p, st->layer, h) * s->cap_pages;
+    bool kbad = false; /* a page holding a NaN or infinite key (set at append) */
     for (uint32_t j = 0; j < n; j++) {
         const uint32_t pg = sel[j];
         const uint32_t db = s->dev_block[base + pg], hb = s->host_block[base + pg];
+        kbad = kbad || (s->res[base + pg] & KVT__RES_NONFINITE);
         if (db)
             blocks[j] = kvt__arena_block(&p->tier[KVT_TIER_DEVICE], db);
         else if (hb) /* CPU backend: the host tier is readable in place */
@@ -98,6 +112,17 @@ static void kvt__dec_task(void *ctx, uint32_t t, uint32_t thread)
     }
     const kvt__attn_shape sh = {G, D, P, p->g.dtype};
     p->kern->attn(&sh, qs, blocks, ntok, n, m, l, acc, sbuf);
+    /* A non-finite query element (that head) or key (every head of the
+     * group) has no defined attention: the part says so with l = NaN, and
+     * the merge turns the head's output and lse NaN, never the zeros and
+     * -inf that mean "no tokens", never a silently dropped token. */
+    for (uint32_t g = 0; !(qfin && !kbad) && g < G; g++) {
+        bool bad = kbad;
+        for (uint32_t d = 0; !bad && d < D; d++)
+            bad = !isfinite(q[(size_t)g * D + d]);
+        if (bad)
+            l[g] = NAN;
+    }
     if (atomic_fetch_sub_explicit(&st->pending[ih], 1, memory_order_acq_rel) == 1)
         kvt__merge(st, ih);
 }
@@ -226,39 +251,6 @@ static int kvt__be_decode(kvt_step *st, uint32_t layer, const float *q, float *o
     return rc;
 }
 
-/* A query head with a NaN or infinite element has no defined attention:
- * its output row and lse become NaN, so the engine sees it (rather than
- * zeros, which read as "no tokens"). */
-static void kvt__nan_row(const kvt_step *st, size_t r, float *out, float *lse)
-{
-    for (uint32_t d = 0; d < st->D; d++)
-        out[r * st->D + d] = NAN;
-    if (lse)
-        lse[r] = NAN;
-}
-
-/* ... and so does every query head of a KV head whose selection holds a
- * page with a NaN or infinite key (KVT__RES_NONFINITE, set at append). */
-static void kvt__nan_queries(const kvt_step *st, uint32_t layer, const float *q, float *out,
-                             float *lse)
-{
-    const size_t rows = (size_t)st->n * st->Hq;
-    for (size_t r = 0; r < rows; r++)
-        if (kvt__first_nonfinite(q + r * st->D, KVT_DTYPE_F32, st->D) < st->D)
-            kvt__nan_row(st, r, out, lse);
-    for (uint32_t ih = 0; ih < st->n * st->H; ih++) {
-        const uint32_t i = ih / st->H, h = ih % st->H;
-        const kvt__seq *s = st->seqs[i];
-        const uint8_t *res = s->res + kvt__lh(st->pool, layer, h) * s->cap_pages;
-        const uint32_t *sel = st->sel_pages + st->sel_off[ih];
-        bool bad = false;
-        for (uint32_t j = 0; j < st->sel_cnt[ih] && !bad; j++)
-            bad = (res[sel[j]] & KVT__RES_NONFINITE) != 0;
-        for (uint32_t g = 0; bad && g < st->G; g++)
-            kvt__nan_row(st, (size_t)i * st->Hq + (size_t)h * st->G + g, out, lse);
-    }
-}
-
 /* q, out and lse of a decode may not share memory: the kernels read q
  * while they write out and lse. */
 static int kvt__io_disjoint(const kvt_step *st, const float *q, const float *out,
@@ -330,12 +322,9 @@ KVT_API int kvt_step_decode(kvt_step *st, uint32_t layer, const float *q, float 
                 for (uint32_t g = 0; g < st->Hq; g++)
                     lse[(size_t)i * st->Hq + g] = -INFINITY;
         }
-        if ((rc = kvt__dec_failed(st, layer, rnd))) {
-            kvt__nan_queries(st, layer, q, out, lse); /* the decoded ones still report NaN */
+        if ((rc = kvt__dec_failed(st, layer, rnd)))
             return rc;
-        }
     }
-    kvt__nan_queries(st, layer, q, out, lse);
     if (atomic_load(&st->err)) {
         /* A sequence with a selected page on disk only: its output is not
          * the attention; zeros and lse -infinity, as after a failed copy. */
