@@ -45,6 +45,13 @@
 #define PAGE 8
 #define ROW (N_KV * HEAD_DIM)
 
+/* n uniform values. */
+static void fill(tu_rng *r, float *x, size_t n)
+{
+    for (size_t e = 0; e < n; e++)
+        x[e] = tu_unit(r);
+}
+
 typedef struct {
     kvt_pool *p;
     kvt_seq_id id;
@@ -132,8 +139,7 @@ static void rollback_case(kvt_dtype dt, uint32_t n_tok)
     for (size_t e = 0; e < (size_t)cap * 2 * ROW; e++)
         kv[e] = 2.0f * tu_unit(&r) - 1.0f;
     float q[N_Q * HEAD_DIM], nkv[2 * ROW];
-    for (size_t e = 0; e < sizeof q / sizeof q[0]; e++)
-        q[e] = tu_unit(&r);
+    fill(&r, q, sizeof q / sizeof q[0]);
     for (size_t e = 0; e < sizeof nkv / sizeof nkv[0]; e++)
         nkv[e] = 3.0f * tu_unit(&r) - 1.5f;
     twin a, b;
@@ -211,10 +217,8 @@ static void test_call_order(void **state)
     (void)state;
     tu_rng r = {0x0dde7ull};
     float kv[8 * 2 * ROW], q[N_Q * HEAD_DIM], out[N_Q * HEAD_DIM], lse[N_Q];
-    for (size_t e = 0; e < sizeof kv / sizeof kv[0]; e++)
-        kv[e] = tu_unit(&r);
-    for (size_t e = 0; e < sizeof q / sizeof q[0]; e++)
-        q[e] = tu_unit(&r);
+    fill(&r, kv, sizeof kv / sizeof kv[0]);
+    fill(&r, q, sizeof q / sizeof q[0]);
     twin a;
     twin_make(&a, KVT_DTYPE_F32, kv, 6);
     kvt_step_opts so = KVT_STEP_OPTS_INIT;
@@ -292,10 +296,8 @@ static void test_stale_handles(void **state)
     (void)state;
     tu_rng r = {0x57a1eull};
     float kv[2 * ROW], q[N_Q * HEAD_DIM], out[N_Q * HEAD_DIM], lse[N_Q];
-    for (size_t e = 0; e < sizeof kv / sizeof kv[0]; e++)
-        kv[e] = tu_unit(&r);
-    for (size_t e = 0; e < sizeof q / sizeof q[0]; e++)
-        q[e] = tu_unit(&r);
+    fill(&r, kv, sizeof kv / sizeof kv[0]);
+    fill(&r, q, sizeof q / sizeof q[0]);
     twin a;
     twin_make(&a, KVT_DTYPE_F32, kv, 1);
     kvt_seq_id other;
@@ -333,10 +335,8 @@ static void test_aliasing(void **state)
     (void)state;
     tu_rng r = {0xa11a5ull};
     float kv[2 * 3 * ROW], q[N_Q * HEAD_DIM + N_Q], out[N_Q * HEAD_DIM + N_Q], lse[N_Q];
-    for (size_t e = 0; e < sizeof kv / sizeof kv[0]; e++)
-        kv[e] = tu_unit(&r);
-    for (size_t e = 0; e < sizeof q / sizeof q[0]; e++)
-        q[e] = tu_unit(&r);
+    fill(&r, kv, sizeof kv / sizeof kv[0]);
+    fill(&r, q, sizeof q / sizeof q[0]);
     twin a;
     twin_make(&a, KVT_DTYPE_F32, kv, 3);
     kvt_step_opts so = KVT_STEP_OPTS_INIT;
@@ -446,10 +446,8 @@ static void test_disk_only_decode(void **state)
     tu_rng r = {0xd15cull};
     enum { T = 20 };
     float kv[2 * T * ROW], q[2 * N_Q * HEAD_DIM], out[2 * N_Q * HEAD_DIM], lse[2 * N_Q];
-    for (size_t e = 0; e < sizeof kv / sizeof kv[0]; e++)
-        kv[e] = tu_unit(&r);
-    for (size_t e = 0; e < sizeof q / sizeof q[0]; e++)
-        q[e] = tu_unit(&r);
+    fill(&r, kv, sizeof kv / sizeof kv[0]);
+    fill(&r, q, sizeof q / sizeof q[0]);
     kvt_seq_id ids[2];
     for (int i = 0; i < 2; i++) {
         TU_OK(kvt_seq_create(p, NULL, &ids[i]));
@@ -536,10 +534,8 @@ static void test_nonfinite(void **state)
     enum { T = 10 };
     float kv[2 * T * ROW], q[N_Q * HEAD_DIM], q2[N_Q * HEAD_DIM];
     float out[N_Q * HEAD_DIM], lse[N_Q], out2[N_Q * HEAD_DIM], lse2[N_Q];
-    for (size_t e = 0; e < sizeof kv / sizeof kv[0]; e++)
-        kv[e] = tu_unit(&r);
-    for (size_t e = 0; e < sizeof q / sizeof q[0]; e++)
-        q[e] = tu_unit(&r);
+    fill(&r, kv, sizeof kv / sizeof kv[0]);
+    fill(&r, q, sizeof q / sizeof q[0]);
     twin a;
     twin_make(&a, KVT_DTYPE_F32, kv, T);
     kvt_step_opts so = KVT_STEP_OPTS_INIT;
