@@ -26,11 +26,7 @@ KVT_API int kvt_seq_append(kvt_pool *pool, kvt_seq_id seq, uint32_t layer, const
         return kvt__err(KVT_EINVAL, "n_tokens: must be at least 1");
     const size_t src_elem = kvt_dtype_size(src_dtype);
     if (src_elem == 0)
-        return src_dtype == KVT_DTYPE_DEFAULT
-                   ? kvt__err(KVT_EINVAL, "src_dtype: default names no source type (it "
-                              "is for options); pass f16, bf16 or f32")
-                   : kvt__err(KVT_EINVAL, "src_dtype: %u is not a dtype (f16, bf16 or f32)",
-                              src_dtype);
+        return kvt__src_dtype_err(src_dtype);
     const uint64_t dense = (uint64_t)H * D;
     if (token_stride == 0)
         token_stride = dense;

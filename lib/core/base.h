@@ -30,6 +30,8 @@ static inline bool kvt__overlap(const void *a, size_t na, const void *b, size_t 
  * "?" for a value the enum does not have. */
 KVT__HIDDEN const char *kvt__dtype_name(uint32_t dtype);
 KVT__HIDDEN const char *kvt__backend_name(uint32_t backend);
+/* KVT_EINVAL for an append's src_dtype that names no element type. */
+KVT__HIDDEN int kvt__src_dtype_err(uint32_t src_dtype);
 
 /* A path for a message (error.c): itself when short, else its first and
  * last characters around "...", so the message's reason after it is never

@@ -35,6 +35,15 @@ const char *kvt__backend_name(uint32_t backend)
     }
 }
 
+int kvt__src_dtype_err(uint32_t src_dtype)
+{
+    return src_dtype == KVT_DTYPE_DEFAULT
+               ? kvt__err(KVT_EINVAL, "src_dtype: default names no source type (it is for "
+                          "options); pass f16, bf16 or f32")
+               : kvt__err(KVT_EINVAL, "src_dtype: %u is not a dtype (f16, bf16 or f32)",
+                          src_dtype);
+}
+
 int kvt__geometry_resolve(const kvt_geometry *g, kvt_geometry *out)
 {
     kvt_geometry r = *g;

@@ -27,11 +27,7 @@ KVT_API int kvt_step_append(kvt_step *st, uint32_t layer, const void *k, const v
     kvt_pool *p = st->pool;
     const size_t src_elem = kvt_dtype_size(src_dtype);
     if (src_elem == 0)
-        return src_dtype == KVT_DTYPE_DEFAULT
-                   ? kvt__err(KVT_EINVAL, "src_dtype: default names no source type (it "
-                              "is for options); pass f16, bf16 or f32")
-                   : kvt__err(KVT_EINVAL, "src_dtype: %u is not a dtype (f16, bf16 or f32)",
-                              src_dtype);
+        return kvt__src_dtype_err(src_dtype);
     const uint64_t dense = (uint64_t)st->H * st->D;
     if (seq_stride == 0)
         seq_stride = dense;
