@@ -487,8 +487,8 @@ int kvt__step_enter(const kvt_step *st, uint32_t layer)
 }
 
 /* A step finishes with every layer appended or none: one that appended
- * some layers only gets those appends taken back (the CPU backend; a
- * backend whose device tier the host cannot read keeps them) and
+ * some layers only gets those appends taken back (kvt__append_pop, or the
+ * backend's seq_pop where the host cannot read the device tier) and
  * KVT_ESTATE naming the layers it missed. */
 static int kvt__step_unappend(kvt_step *st)
 {
