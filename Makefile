@@ -145,13 +145,15 @@ PROG_RPATH := -Wl,-rpath,'$$ORIGIN/../lib'
 TESTS_SHARED := test_errors test_opts test_pool test_append test_random test_c_headers \
                 test_select test_decode test_step test_mover test_policy test_place
 TESTS_STATIC := test_convert test_crc32c test_mckp test_profiler test_contract
+# Static tests with the tier helpers (tests/tiertest.c).
+TESTS_STATIC_TIER := test_share
 # Fault-injection tests link a static library whose tier sources are built
 # with KVT_FAULT_INJECTION; the installed library never has the hooks.
 TESTS_FAULT  := test_mover_faults test_place_faults
 # Tests of the example decoder's own parts (GGUF reader, tokenizers): no
 # libkvtier; test_decode_model runs the decoder's engine on a GGUF it writes.
 TESTS_DECODE := test_gguf test_tokenizer test_decode_model
-TEST_BINS := $(addprefix $(O)/tests/,$(TESTS_SHARED) $(TESTS_STATIC) $(TESTS_FAULT) \
+TEST_BINS := $(addprefix $(O)/tests/,$(TESTS_SHARED) $(TESTS_STATIC) $(TESTS_STATIC_TIER) $(TESTS_FAULT) \
              $(TESTS_DECODE) test_cxx_headers)
 # CUDA kernel tests (tests/gpu, mk/cuda.mk): each built against the GPU
 # (exits 77 without one) and against the CPU emulation of cuda/emu.
@@ -286,6 +288,11 @@ $(addprefix $(O)/tests/,$(TESTS_STATIC)): $(O)/tests/%: tests/%.c tests/testutil
 	@mkdir -p $(dir $@)
 	$(CC) $(TEST_CFLAGS) $< -o $@ $(LIB_A) $(CMOCKA_LIBS) $(LIB_LDLIBS) $(LDFLAGS)
 
+$(addprefix $(O)/tests/,$(TESTS_STATIC_TIER)): $(O)/tests/%: tests/%.c tests/testutil.h \
+                                               tests/tiertest.h $(TIERTEST_SRCS) $(LIB_A)
+	@mkdir -p $(dir $@)
+	$(CC) $(TEST_CFLAGS) $(filter %.c,$^) -o $@ $(LIB_A) $(CMOCKA_LIBS) $(LIB_LDLIBS) $(LDFLAGS)
+
 $(addprefix $(O)/tests/,$(TESTS_FAULT)): $(O)/tests/%: tests/%.c tests/testutil.h tests/tiertest.h \
                                           tests/placetest.h $(O)/lib/libkvtier-fault.a
 	@mkdir -p $(dir $@)
@@ -333,7 +340,7 @@ check-asan:
 # ThreadSanitizer over the tests that run the worker threads and the tier
 # mover (the CUDA emulation's fibers are not TSan-clean by design, so the
 # build is CUDA=0).
-TSAN_TESTS := test_decode test_step test_random test_contract test_mover test_place
+TSAN_TESTS := test_decode test_step test_random test_contract test_mover test_place test_share
 check-tsan:
 	$(MAKE) O=$(O)/tsan SAN=thread CUDA=0 tsan-run
 tsan-run: $(addprefix $(O)/tests/,$(TSAN_TESTS))

@@ -72,7 +72,9 @@ KVT_DEV void kvt_ap_segment(const kvt__cu_append_args &a, const kvt__cu_append_i
             const uint32_t slot = slot0 + (t - t0);
             kvt_ap_elem(blk, (uint64_t)slot * D + d, a.dtype, a.d_k, si, a.src_dtype);
             kvt_ap_elem(blk, (uint64_t)(P + slot) * D + d, a.dtype, a.d_v, si, a.src_dtype);
-            const float x = kvt_load(a.d_k, si, a.src_dtype);
+            // The key as stored (the box bounds the stored keys, and a
+            // truncation rebuilds it from them exactly).
+            const float x = kvt_load(blk, (uint64_t)slot * D + d, a.dtype);
             // The CPU's expressions, operand order included (signed zeros:
             // the first of equal values stays).
             const float lo = x == x ? x : -INFINITY, hi = x == x ? x : INFINITY;

@@ -187,9 +187,15 @@ static void check_meta(kvt_pool *p, kvt_seq_id seq, uint32_t H, uint32_t D, uint
             TU_OK(kvt_seq_page_meta_get(p, seq, 0, h, pg, mn, mx, me));
             uint32_t t0 = pg * P, t1 = t0 + P < n_tok ? t0 + P : n_tok;
             for (uint32_t d = 0; d < D; d++) {
+                /* The box bounds the keys as stored (rounded to nearest in
+                 * the pool's dtype), so that it can be rebuilt from them. */
                 double lo = INFINITY, hi = -INFINITY, sum = 0;
                 for (uint32_t tk = t0; tk < t1; tk++) {
                     double x = k[((size_t)tk * H + h) * D + d];
+                    if (pdt != KVT_DTYPE_F32) {
+                        uint16_t b = tu_round(t, x, 0, mb);
+                        x = pdt == KVT_DTYPE_F16 ? tu_f16_value(b) : tu_bf16_value(b);
+                    }
                     lo = x < lo ? x : lo;
                     hi = x > hi ? x : hi;
                     sum += x;

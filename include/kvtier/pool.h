@@ -275,6 +275,59 @@ KVT_API int kvt_seq_page_meta_get(const kvt_pool *pool, kvt_seq_id seq, uint32_t
                                   uint32_t kv_head, uint32_t page,
                                   float *kmin, float *kmax, float *kmean);
 
+/* ---- Sharing, truncation, persistence (0.2) --------------------------
+ * Pages are reference-counted: a fork shares every full page of the parent
+ * (in every tier, with one copy of each), and a page is freed when the last
+ * sequence holding it lets it go. None of these calls may run while a step
+ * that includes the sequence is open (KVT_ESTATE). The CUDA backend refuses
+ * fork, truncate and restore (KVT_ENOTSUP, not built yet); save works on
+ * every backend. */
+
+/* A new sequence that shares every full page of src in every layer and KV
+ * head; the partially filled last page of each (layer, head) is copied into
+ * a fresh device block (appending to a shared page never happens: pages are
+ * shared only once full). The child inherits src's lengths, page metadata
+ * and selection state (so its first step need not rerank). opts may be
+ * NULL: max_tokens 0 = src's limit (it may not be below src's length),
+ * user_data 0. KVT_ENOSPC, with nothing changed, when the device tier or
+ * metadata store has no room for the copied last pages or no sequence slot
+ * is free. Releasing either sequence leaves the other whole. */
+KVT_API int kvt_seq_fork(kvt_pool *pool, kvt_seq_id src, const kvt_seq_opts *opts,
+                         kvt_seq_id *out);
+
+/* Keeps the first n_tokens tokens of every layer and drops the rest: pages
+ * past the cut lose this sequence's reference; a kept, now partially
+ * filled last page is made private (copied first if it is shared, brought
+ * to the device tier if it was not there, its host and disk copies
+ * dropped) and its metadata recomputed exactly from the kept rows. Heads
+ * whose selection named a dropped page rerank at their next step.
+ * KVT_ERANGE when a layer holds fewer than n_tokens tokens; KVT_ENOSPC
+ * (nothing changed) when the device tier has no block for the kept page. */
+KVT_API int kvt_seq_truncate(kvt_pool *pool, kvt_seq_id seq, uint32_t n_tokens);
+
+/* Stream callbacks of kvt_seq_save / kvt_seq_restore. write: stores len
+ * bytes, returns the bytes it took (1..len; the library calls again for
+ * the rest) or a negative value on error. read: fills up to len bytes,
+ * returns the bytes it gave (0 = end of stream) or a negative value. */
+typedef int64_t (*kvt_write_fn)(void *ctx, const void *buf, size_t len);
+typedef int64_t (*kvt_read_fn)(void *ctx, void *buf, size_t len);
+
+/* Writes one sequence (every layer, every page from whichever tier holds
+ * it, and its page metadata) as a stream in the format of kvtier-seq(5):
+ * versioned, self-describing, CRC32C per page. A callback error is
+ * KVT_EIO. The sequence is not changed. */
+KVT_API int kvt_seq_save(const kvt_pool *pool, kvt_seq_id seq, kvt_write_fn write, void *ctx);
+
+/* Reads a stream written by kvt_seq_save into a new sequence of this pool
+ * (same geometry, dtype and page size; KVT_EINVAL naming the field that
+ * differs). The rows are appended into the device tier (as a prefill) and
+ * each page's metadata is checked against the saved one. A truncated or
+ * corrupted stream is KVT_ECORRUPT, a read error KVT_EIO; on any error
+ * nothing of the stream is left in the pool. opts as kvt_seq_create's
+ * (max_tokens 0 = the saved sequence's limit, capped by the pool's). */
+KVT_API int kvt_seq_restore(kvt_pool *pool, const kvt_seq_opts *opts, kvt_read_fn read,
+                            void *ctx, kvt_seq_id *out);
+
 #ifdef __cplusplus
 }
 #endif

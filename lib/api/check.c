@@ -92,8 +92,52 @@ static int kvt__null_block_zero(const kvt_pool *p, const kvt__arena *a, const ch
     return 0;
 }
 
+/* The holders of page (layer l, head h, page pg) of slot si: each names
+ * the same blocks, metadata slot and residency, there are as many as the
+ * page's reference count, and a shared page is full in each. *canon: si
+ * is the holder of the lowest slot (the one that claims the blocks). */
+static int kvt__check_holders(const kvt_pool *p, const kvt__seq *s, uint32_t si, uint32_t l,
+                              uint32_t h, uint32_t pg, bool *canon)
+{
+    const size_t lh = kvt__lh(p, l, h), e = lh * s->cap_pages + pg;
+    const uint32_t m = s->meta_slot[e];
+    uint32_t n = 0;
+    *canon = true;
+    for (const kvt__seq *t = s;;) {
+        const size_t et = lh * t->cap_pages + pg;
+        const uint32_t ti = (uint32_t)(t - p->seqs);
+        if (++n > p->max_seqs || !t->live || pg >= t->cap_pages)
+            return kvt__err(KVT_EINTERNAL, "seq slot %u layer %u head %u page %u: its holders' "
+                            "ring is broken at slot %u", si, l, h, pg, ti);
+        if (t->meta_slot[et] != m || t->dev_block[et] != s->dev_block[e] ||
+            t->host_block[et] != s->host_block[e] || t->res[et] != s->res[e])
+            return kvt__err(KVT_EINTERNAL, "seq slot %u layer %u head %u page %u: holder slot "
+                            "%u sees another page", si, l, h, pg, ti);
+        if (n > 1 && (pg + 1u) * p->g.page_tokens > t->n_tokens[l])
+            return kvt__err(KVT_EINTERNAL, "seq slot %u layer %u head %u page %u: shared with "
+                            "slot %u but not full there", si, l, h, pg, ti);
+        *canon = *canon && ti >= si;
+        const uint32_t v = t->share[et];
+        if (!v)
+            break;
+        if (v > p->max_seqs)
+            return kvt__err(KVT_EINTERNAL, "seq slot %u layer %u head %u page %u: holder link "
+                            "%u out of range", si, l, h, pg, v);
+        t = &p->seqs[v - 1u];
+        if (t == s)
+            break;
+    }
+    if (n == 1 && s->share[e])
+        return kvt__err(KVT_EINTERNAL, "seq slot %u layer %u head %u page %u: shared with "
+                        "itself only", si, l, h, pg);
+    if (p->pg_ref[m] != n)
+        return kvt__err(KVT_EINTERNAL, "seq slot %u layer %u head %u page %u: reference count "
+                        "%u, %u tables hold the page", si, l, h, pg, p->pg_ref[m], n);
+    return 0;
+}
+
 static int kvt__check_seq(const kvt_pool *p, uint32_t si, kvt__mark *marks, kvt__mark *meta,
-                          uint64_t *pages_in_tier)
+                          uint64_t *pages_in_tier, uint64_t *busy_pages)
 {
     const kvt__seq *s = &p->seqs[si];
     uint64_t mine[KVT_NUM_TIERS] = {0, 0, 0};
@@ -114,7 +158,8 @@ static int kvt__check_seq(const kvt_pool *p, uint32_t si, kvt__mark *marks, kvt_
                 uint8_t r = s->res[e];
                 if (pg >= n_pages) {
                     /* Past the layer's end every entry must still be empty. */
-                    if (r || s->dev_block[e] || s->host_block[e] || s->meta_slot[e])
+                    if (r || s->dev_block[e] || s->host_block[e] || s->meta_slot[e] ||
+                        s->share[e])
                         return kvt__err(KVT_EINTERNAL, "seq slot %u layer %u head %u: entry "
                                         "%u past the last page %u is not empty", si, l, h, pg,
                                         n_pages);
@@ -127,7 +172,13 @@ static int kvt__check_seq(const kvt_pool *p, uint32_t si, kvt__mark *marks, kvt_
                     ((r & KVT__RES_INBOUND) && !(r & KVT__RES_BUSY)))
                     return kvt__err(KVT_EINTERNAL, "seq slot %u layer %u head %u page %u: "
                                     "unknown residency bits 0x%x", si, l, h, pg, r);
-                busy += (r & KVT__RES_BUSY) != 0;
+                /* A shared page: every holder's view the same, the ring as
+                 * long as the count; its blocks are claimed (and counted in
+                 * the pool) once, by the holder of the lowest slot. */
+                bool canon = true;
+                if ((rc = kvt__check_holders(p, s, si, l, h, pg, &canon)))
+                    return rc;
+                busy += canon && (r & KVT__RES_BUSY);
                 /* Tiered placement: an unstable head keeps every page on
                  * device, a stable head at least its forced pages. */
                 if (p->pol && !(r & KVT_RES_DEVICE)) {
@@ -148,7 +199,10 @@ static int kvt__check_seq(const kvt_pool *p, uint32_t si, kvt__mark *marks, kvt_
                                             "%s, which the pool does not have", si, pg,
                                             names[t]);
                         mine[t]++;
+                        pages_in_tier[t] += canon;
                     }
+                if (!canon)
+                    continue;
                 if (r & KVT_RES_DEVICE) {
                     rc = kvt__claim(&p->tier[KVT_TIER_DEVICE], &marks[KVT_TIER_DEVICE],
                                     s->dev_block[e], names[0], si, l, h, pg);
@@ -165,7 +219,10 @@ static int kvt__check_seq(const kvt_pool *p, uint32_t si, kvt__mark *marks, kvt_
                     if (rc)
                         return rc;
                     const kvt__owner *o = &p->host_owner[s->host_block[e]];
-                    if (o->slot != si || o->lh != kvt__lh(p, l, h) || o->page != pg)
+                    bool held = false;
+                    KVT__HOLDERS((kvt_pool *)p, (kvt__seq *)s, kvt__lh(p, l, h), pg, t)
+                        held |= (uint32_t)(t - p->seqs) == o->slot;
+                    if (!held || o->lh != kvt__lh(p, l, h) || o->page != pg)
                         return kvt__err(KVT_EINTERNAL, "host tier: block %u of seq slot %u "
                                         "layer %u head %u page %u names another owner",
                                         s->host_block[e], si, l, h, pg);
@@ -180,15 +237,12 @@ static int kvt__check_seq(const kvt_pool *p, uint32_t si, kvt__mark *marks, kvt_
             }
         }
     }
-    if (busy != s->tier.busy)
-        return kvt__err(KVT_EINTERNAL, "seq slot %u: counts %u pages in flight, tables mark %u",
-                        si, s->tier.busy, busy);
+    *busy_pages += busy;
     for (uint32_t t = 0; t < KVT_NUM_TIERS; t++) {
         if (mine[t] != s->pages_in_tier[t])
             return kvt__err(KVT_EINTERNAL, "seq slot %u: counts %llu pages in the %s, tables "
                             "hold %llu", si, (unsigned long long)s->pages_in_tier[t], names[t],
                             (unsigned long long)mine[t]);
-        pages_in_tier[t] += mine[t];
     }
     return 0;
 }
@@ -235,6 +289,7 @@ KVT_API int kvt_pool_check(const kvt_pool *pool)
 
     /* Sequence slots: the free stack and the live flags must partition them. */
     uint32_t live = 0;
+    uint64_t busy_pages = 0, busy_moves = 0; /* pages marked in flight, moves counted */
     uint8_t *slot_free = rc ? NULL : calloc(pool->max_seqs, 1);
     if (!rc && !slot_free)
         rc = kvt__err(KVT_ENOMEM, "kvt_pool_check: cannot allocate a bitmap");
@@ -252,8 +307,12 @@ KVT_API int kvt_pool_check(const kvt_pool *pool)
             continue;
         }
         live++;
-        rc = kvt__check_seq(pool, si, marks, &meta, pages);
+        rc = kvt__check_seq(pool, si, marks, &meta, pages, &busy_pages);
+        busy_moves += pool->seqs[si].tier.busy;
     }
+    if (!rc && busy_pages != busy_moves)
+        rc = kvt__err(KVT_EINTERNAL, "sequences count %llu moves in flight, tables mark %llu "
+                      "pages", (unsigned long long)busy_moves, (unsigned long long)busy_pages);
     if (!rc) {
         kvt__resv_ctx c = {pool, marks, 0};
         kvt__mover_reserved(pool->mover, kvt__resv_mark, &c);

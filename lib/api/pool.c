@@ -231,6 +231,16 @@ KVT_API int kvt_pool_create(const kvt_pool_opts *opts, kvt_pool **out)
                          "metadata store");
     if (rc)
         goto fail;
+    /* Physical pages are named by their metadata slot: their reference
+     * counts, and their disk slots. */
+    p->pg_ref = calloc((size_t)meta_slots, sizeof *p->pg_ref);
+    if (!p->pg_ref) {
+        rc = kvt__err(KVT_ENOMEM, "kvt_pool_create: cannot allocate the reference counts of "
+                      "%llu pages", (unsigned long long)meta_slots);
+        goto fail;
+    }
+    if (p->disk && (rc = kvt__disk_pages_init(p->disk, (uint32_t)meta_slots)))
+        goto fail;
 
     p->be = cuda ? &kvt__backend_cuda : &kvt__backend_cpu;
     p->be_caps = p->be->caps;
@@ -280,6 +290,7 @@ KVT_API void kvt_pool_destroy(kvt_pool *p)
     kvt__arena_fini(&p->meta);
     kvt__disk_close(p->disk);
     free(p->host_owner);
+    free(p->pg_ref);
     free(p->seqs);
     free(p->free_seq);
     free(p->scratch);

@@ -6,13 +6,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../core/store.h"
+#include "api_int.h"
 #include "../backend/backend.h"
 #include "../tier/tier.h"
 
 /* Sizes of the first released layouts (0.1): pinned, never sizeof of the
  * current struct, so that appending a field keeps old callers working. */
-#define KVT__SEQ_OPTS_V1 16u
 #define KVT__SEQ_INFO_V1 56u
 _Static_assert(offsetof(kvt_seq_opts, user_data) + 8 == KVT__SEQ_OPTS_V1, "seq opts v1");
 _Static_assert(offsetof(kvt_seq_info, pages_in_tier) + 8 * KVT_NUM_TIERS == KVT__SEQ_INFO_V1,
@@ -89,22 +88,9 @@ static void kvt__seq_free_pages(kvt_pool *p, kvt__seq *s)
 {
     for (uint32_t l = 0; l < p->g.n_layers; l++) {
         uint32_t n_pages = kvt__pages_for(p, s->n_tokens[l]);
-        for (uint32_t h = 0; h < p->g.n_kv_heads; h++) {
-            size_t base = kvt__lh(p, l, h) * s->cap_pages;
-            for (uint32_t pg = 0; pg < n_pages; pg++) {
-                size_t e = base + pg;
-                if (s->res[e] & KVT_RES_DEVICE)
-                    kvt__arena_free(&p->tier[KVT_TIER_DEVICE], s->dev_block[e]);
-                if (s->res[e] & KVT_RES_HOST) {
-                    p->host_owner[s->host_block[e]].slot = UINT32_MAX;
-                    kvt__arena_free(&p->tier[KVT_TIER_HOST], s->host_block[e]);
-                }
-                kvt__arena_free(&p->meta, s->meta_slot[e]);
-                for (uint32_t t = 0; t < KVT_NUM_TIERS; t++)
-                    if (s->res[e] & (1u << t))
-                        p->pages_in_tier[t]--;
-            }
-        }
+        for (uint32_t h = 0; h < p->g.n_kv_heads; h++)
+            for (uint32_t pg = 0; pg < n_pages; pg++)
+                kvt__page_letgo(p, s, kvt__lh(p, l, h), pg);
         s->n_tokens[l] = 0;
     }
     kvt__disk_free_seq(p, s);
@@ -235,16 +221,6 @@ KVT_API int kvt_seq_block_table_get(const kvt_pool *pool, kvt_seq_id seq, uint32
     return 0;
 }
 
-/* The bytes of a page from the fastest tier that holds it. */
-static const uint8_t *kvt__page_bytes(const kvt_pool *p, const kvt__seq *s, size_t e)
-{
-    if (s->res[e] & KVT_RES_DEVICE)
-        return kvt__arena_block(&p->tier[KVT_TIER_DEVICE], s->dev_block[e]);
-    if (s->res[e] & KVT_RES_HOST)
-        return kvt__arena_block(&p->tier[KVT_TIER_HOST], s->host_block[e]);
-    return NULL;
-}
-
 KVT_API int kvt_seq_read_kv(const kvt_pool *pool, kvt_seq_id seq, uint32_t layer,
                             uint32_t kv_head, uint32_t first_token, uint32_t n_tokens,
                             void *k_out, void *v_out)
@@ -266,35 +242,21 @@ KVT_API int kvt_seq_read_kv(const kvt_pool *pool, kvt_seq_id seq, uint32_t layer
     uint8_t *bounce = NULL;
     uint32_t bounce_page = UINT32_MAX;
     for (uint32_t t = 0; t < n_tokens; t++) {
-        uint32_t pos = first_token + t;
-        const uint8_t *blk = kvt__page_bytes(pool, s, base + pos / P);
-        if (blk && (pool->be_caps & KVT__BE_DEVICE_REMOTE) &&
-            (s->res[base + pos / P] & KVT_RES_DEVICE)) {
-            /* The device tier is the backend's memory (GPU): bring the page over. */
+        const uint32_t pos = first_token + t, pg = pos / P;
+        const uint8_t r = s->res[base + pg];
+        const uint8_t *blk;
+        if ((r & KVT_RES_DEVICE) && !(pool->be_caps & KVT__BE_DEVICE_REMOTE))
+            blk = kvt__arena_block(&pool->tier[KVT_TIER_DEVICE], s->dev_block[base + pg]);
+        else if (!(r & KVT_RES_DEVICE) && (r & KVT_RES_HOST))
+            blk = kvt__arena_block(&pool->tier[KVT_TIER_HOST], s->host_block[base + pg]);
+        else { /* GPU memory or only on disk: bring the page over */
             if (!bounce && !(bounce = malloc(pool->block_bytes)))
                 return kvt__err(KVT_ENOMEM, "kvt_seq_read_kv: cannot allocate a page buffer");
-            if (bounce_page != pos / P) {
-                rc = pool->be->read(pool, bounce, blk, pool->block_bytes);
-                if (rc) {
-                    free(bounce);
-                    return rc;
-                }
-                bounce_page = pos / P;
+            if (bounce_page != pg && (rc = kvt__page_read(pool, s, lh, pg, bounce))) {
+                free(bounce);
+                return rc;
             }
-            blk = bounce;
-        }
-        if (!blk) {
-            /* Only on disk: read it synchronously, checked against its CRC. */
-            if (!bounce && !(bounce = malloc(pool->block_bytes)))
-                return kvt__err(KVT_ENOMEM, "kvt_seq_read_kv: cannot allocate a page buffer");
-            if (bounce_page != pos / P) {
-                rc = kvt__disk_read_page(pool, kvt__disk_slot(pool, s, lh, pos / P), bounce);
-                if (rc) {
-                    free(bounce);
-                    return rc;
-                }
-                bounce_page = pos / P;
-            }
+            bounce_page = pg;
             blk = bounce;
         }
         if (k_out)

@@ -52,6 +52,7 @@ void kvt__append_alloc(kvt_pool *pool, kvt__seq *s, uint32_t layer, uint32_t n_t
             s->meta_slot[base + pg] = kvt__arena_alloc(&pool->meta);
             s->host_block[base + pg] = 0;
             s->res[base + pg] = KVT_RES_DEVICE;
+            pool->pg_ref[s->meta_slot[base + pg]] = 1;
             kvt__dirty(pool, s, kvt__lh(pool, layer, h), pg);
         }
     }
@@ -71,6 +72,7 @@ void kvt__append_unalloc(kvt_pool *pool, kvt__seq *s, uint32_t layer, uint32_t n
         for (uint32_t pg = pages_before; pg < pages_after; pg++) {
             kvt__arena_free(&pool->tier[KVT_TIER_DEVICE], s->dev_block[base + pg]);
             kvt__arena_free(&pool->meta, s->meta_slot[base + pg]);
+            pool->pg_ref[s->meta_slot[base + pg]] = 0;
             s->dev_block[base + pg] = 0;
             s->meta_slot[base + pg] = 0;
             s->res[base + pg] = 0;
@@ -180,6 +182,9 @@ void kvt__append_checked(kvt_pool *pool, kvt__seq *s, uint32_t layer, const void
                 kvt__store_f32(kd, pool->g.dtype, kf, D, KVT__RN);
                 kvt__load_f32(tmp, vs, src_dtype, D);
                 kvt__store_f32(vd, pool->g.dtype, tmp, D, KVT__RN);
+                /* The metadata describes the keys as stored, so that it can
+                 * be rebuilt from them exactly (kvt_seq_truncate, restore). */
+                kvt__load_f32(kf, kd, pool->g.dtype, D);
             }
             if (slot == 0)
                 kvt__acc_reset(acc, D);

@@ -43,6 +43,7 @@ void kvt__seq_fini(kvt__seq *s)
     free(s->host_block);
     free(s->meta_slot);
     free(s->res);
+    free(s->share);
     free(s->acc);
     free(s->sel.topk);
     free(s->sel.topk_n);
@@ -84,9 +85,10 @@ int kvt__seq_reserve(kvt_pool *p, kvt__seq *s, uint32_t pages)
     uint8_t *res = calloc((size_t)n, 1);
     float *imp = calloc((size_t)n, sizeof *imp);
     uint32_t *use = calloc((size_t)n, sizeof *use);
+    uint32_t *share = calloc((size_t)n, sizeof *share);
     /* The tiers that keep per-page state of their own (the disk tier's
      * extent table) grow with the tables, through the pool's hook. */
-    int rc = (dev && host && meta && res && imp && use)
+    int rc = (dev && host && meta && res && imp && use && share)
                  ? (p->on_table_grow ? p->on_table_grow(p, s, (uint32_t)cap) : 0)
                  : KVT_ENOMEM;
     if (rc) {
@@ -96,6 +98,7 @@ int kvt__seq_reserve(kvt_pool *p, kvt__seq *s, uint32_t pages)
         free(res);
         free(imp);
         free(use);
+        free(share);
         if (rc != KVT_ENOMEM)
             return rc;
         return kvt__err(KVT_ENOMEM, "block table: cannot grow to %llu pages per head",
@@ -109,6 +112,7 @@ int kvt__seq_reserve(kvt_pool *p, kvt__seq *s, uint32_t pages)
         memcpy(res + to, s->res + from, s->cap_pages);
         memcpy(imp + to, s->tier.imp + from, s->cap_pages * sizeof *imp);
         memcpy(use + to, s->tier.use + from, s->cap_pages * sizeof *use);
+        memcpy(share + to, s->share + from, s->cap_pages * sizeof *share);
     }
     free(s->dev_block);
     free(s->host_block);
@@ -116,12 +120,14 @@ int kvt__seq_reserve(kvt_pool *p, kvt__seq *s, uint32_t pages)
     free(s->res);
     free(s->tier.imp);
     free(s->tier.use);
+    free(s->share);
     s->dev_block = dev;
     s->host_block = host;
     s->meta_slot = meta;
     s->res = res;
     s->tier.imp = imp;
     s->tier.use = use;
+    s->share = share;
     s->cap_pages = (uint32_t)cap;
     return 0;
 }

@@ -27,8 +27,15 @@ typedef struct kvt__seq {
     /* Tables indexed [(layer * H + head) * cap_pages + page]. */
     uint32_t *dev_block;   /* device block, 0 = null block */
     uint32_t *host_block;  /* host block, 0 = none */
-    uint32_t *meta_slot;   /* metadata slot (every page has one) */
+    uint32_t *meta_slot;   /* metadata slot (every page has one): the physical
+                            * page's id, shared by every table that holds it */
     uint8_t *res;          /* KVT_RES_* bits */
+    /* Sharing (share.c): the next sequence whose table holds the same
+     * physical page at the same (layer, head, page), as its slot + 1, in a
+     * ring through every holder; 0 = this table alone holds it. The tables
+     * above are each holder's view of the page, kept equal by the writers
+     * (kvt__page_* in share.c). */
+    uint32_t *share;
     /* f32 accumulators of the partially filled last page of each
      * (layer, head): [(layer * H + head)][3][D] = min, max, sum. */
     float *acc;
@@ -138,7 +145,8 @@ struct kvt_pool {
     struct kvt__disk *disk; /* the disk tier (lib/tier/disk.c), NULL = none */
     struct kvt_mover *mover;/* the tier mover (lib/tier/mover.c) */
     struct kvt__cuda *cu;   /* CUDA backend state (lib/backend/cuda_pool.c), NULL = CPU */
-    kvt__owner *host_owner; /* [host blocks] */
+    kvt__owner *host_owner; /* [host blocks]: one holder of the page */
+    uint32_t *pg_ref;       /* [metadata slots] tables holding the physical page */
     uint32_t clock;         /* advances with every step plan and mover batch */
 #define KVT__PHASES 16u
     uint32_t phase_live[KVT__PHASES]; /* live sequences per rerank phase */
@@ -194,6 +202,48 @@ static inline bool kvt__lower_on_host(const kvt_pool *p)
 {
     return (p->be_caps & KVT__BE_DEVICE_REMOTE) && (p->tier[KVT_TIER_HOST].base || p->disk);
 }
+
+/* ---- shared pages (share.c) ------------------------------------------------
+ * A physical page (its blocks, disk slot and metadata slot) may sit in the
+ * tables of several sequences, always at the same (layer, head, page): a
+ * fork shares a prefix, and a prefix holds its pages at the same indexes.
+ * Shared pages are full. Every holder's table entries are a view of the
+ * one page; whatever changes the page (its blocks, residency, busy bits,
+ * counts) goes through kvt__page_* so that every view changes with it. */
+static inline kvt__seq *kvt__share_nx(kvt_pool *p, kvt__seq *t, size_t lh, uint32_t page)
+{
+    const uint32_t v = t->share ? t->share[lh * t->cap_pages + page] : 0;
+    return v ? &p->seqs[v - 1u] : t;
+}
+/* Runs the statement after it once for every holder t of (s, lh, page),
+ * s first. */
+#define KVT__HOLDERS(p, s, lh, page, t)                                                  \
+    for (kvt__seq *t = (s), *t##_0 = NULL; t != t##_0;                                    \
+         t##_0 = (s), t = kvt__share_nx((p), t, (lh), (page)))
+static inline bool kvt__page_shared(const kvt__seq *s, size_t e)
+{
+    return s->share && s->share[e] != 0;
+}
+/* The residency bits of every view: cleared, then set. */
+KVT__HIDDEN void kvt__page_res(kvt_pool *p, kvt__seq *s, size_t lh, uint32_t page,
+                               uint8_t clear, uint8_t set);
+/* The device (host) block of every view (device: marked dirty in each). */
+KVT__HIDDEN void kvt__page_dev(kvt_pool *p, kvt__seq *s, size_t lh, uint32_t page,
+                               uint32_t blk);
+KVT__HIDDEN void kvt__page_host(kvt_pool *p, kvt__seq *s, size_t lh, uint32_t page,
+                                uint32_t blk);
+/* Counts a copy gained (+1) or lost (-1) in `tier`: once in the pool, once
+ * in every holder. */
+KVT__HIDDEN void kvt__page_count(kvt_pool *p, kvt__seq *s, size_t lh, uint32_t page,
+                                 uint32_t tier, int delta);
+/* Adds t's table entry (lh, page) to the holders of s's page there: t's
+ * view becomes a copy of s's and the reference count grows. */
+KVT__HIDDEN void kvt__page_share(kvt_pool *p, kvt__seq *s, kvt__seq *t, size_t lh,
+                                 uint32_t page);
+/* Takes s's entry (lh, page) out of its page's holders and clears it;
+ * returns true when s was the last holder (the caller frees the page's
+ * blocks, disk slot and metadata slot: kvt__page_free). */
+KVT__HIDDEN bool kvt__page_unshare(kvt_pool *p, kvt__seq *s, size_t lh, uint32_t page);
 
 /* Sequence storage (seq.c). Looks up a live sequence; KVT_ENOENT for
  * unknown or released ids. */

@@ -79,6 +79,16 @@ bool kvt__step_is_open(const struct kvt_step *st)
     return st && st->open;
 }
 
+bool kvt__step_has_seq(const struct kvt_step *st, const kvt__seq *s)
+{
+    if (!st || !st->open)
+        return false;
+    for (uint32_t i = 0; i < st->n; i++)
+        if (st->seqs[i] == s)
+            return true;
+    return false;
+}
+
 KVT_API int kvt_step_opts_init(kvt_step_opts *opts)
 {
     KVT__CHECK_NULL(opts);

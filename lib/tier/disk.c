@@ -144,7 +144,58 @@ void kvt__disk_close(kvt__disk *d)
     free(d->lh_head);
     free(d->seg_stack);
     free(d->crc);
+    free(d->pslot);
+    free(d->slot_used);
+    free(d->ext_ref);
     free(d);
+}
+
+int kvt__disk_pages_init(kvt__disk *d, uint32_t n)
+{
+    d->pslot = malloc((size_t)n * sizeof *d->pslot);
+    d->slot_used = calloc((size_t)d->n_ext * d->E, 1);
+    d->ext_ref = calloc(d->n_ext, sizeof *d->ext_ref);
+    if (!d->pslot || !d->slot_used || !d->ext_ref)
+        return kvt__err(KVT_ENOMEM, "disk tier: cannot allocate the slot tables of %u pages", n);
+    for (uint32_t i = 0; i < n; i++)
+        d->pslot[i] = UINT64_MAX;
+    d->n_pslot = n;
+    return 0;
+}
+
+/* Drops one reference to extent x; the last returns it to its layer-head. */
+static void kvt__ext_unref(kvt__disk *d, uint32_t x)
+{
+    if (--d->ext_ref[x])
+        return;
+    uint32_t owner = d->ext_lh[x];
+    d->ext_next[x] = d->lh_head[owner];
+    d->lh_head[owner] = x;
+    d->n_ext_free++;
+}
+
+void kvt__disk_page_free(kvt_pool *p, uint32_t meta)
+{
+    kvt__disk *d = p->disk;
+    if (!d || d->pslot[meta] == UINT64_MAX)
+        return;
+    const uint64_t slot = d->pslot[meta];
+    d->pslot[meta] = UINT64_MAX;
+    d->slot_used[slot] = 0;
+    kvt__ext_unref(d, (uint32_t)(slot / d->E));
+}
+
+void kvt__disk_trim_seq(kvt_pool *p, kvt__seq *s, size_t lh, uint32_t first_page)
+{
+    kvt__disk *d = p->disk;
+    if (!d || !s->tier.disk_ext)
+        return;
+    for (uint32_t i = (first_page + d->E - 1u) / d->E; i < s->tier.ext_cap; i++) {
+        uint32_t *x = &s->tier.disk_ext[lh * s->tier.ext_cap + i];
+        if (*x)
+            kvt__ext_unref(d, *x - 1u);
+        *x = 0;
+    }
 }
 
 int kvt__disk_seq_reserve(kvt_pool *p, kvt__seq *s, uint32_t cap_pages)
@@ -170,14 +221,7 @@ int kvt__disk_seq_reserve(kvt_pool *p, kvt__seq *s, uint32_t cap_pages)
 
 uint64_t kvt__disk_slot(const kvt_pool *p, const kvt__seq *s, size_t lh, uint32_t page)
 {
-    const kvt__disk *d = p->disk;
-    uint32_t i = page / d->E;
-    if (!s->tier.disk_ext || i >= s->tier.ext_cap)
-        return UINT64_MAX;
-    uint32_t x = s->tier.disk_ext[lh * s->tier.ext_cap + i];
-    if (!x)
-        return UINT64_MAX;
-    return (uint64_t)(x - 1u) * d->E + page % d->E;
+    return p->disk->pslot[s->meta_slot[lh * s->cap_pages + page]];
 }
 
 static uint32_t kvt__ext_pop(kvt__disk *d, uint32_t lh)
@@ -194,34 +238,48 @@ static uint32_t kvt__ext_pop(kvt__disk *d, uint32_t lh)
 int kvt__disk_slot_alloc(kvt_pool *p, kvt__seq *s, size_t lh, uint32_t page, uint64_t *slot)
 {
     kvt__disk *d = p->disk;
-    *slot = kvt__disk_slot(p, s, lh, page);
+    const uint32_t meta = s->meta_slot[lh * s->cap_pages + page];
+    *slot = d->pslot[meta];
     if (*slot != UINT64_MAX)
         return 0;
     uint32_t i = page / d->E;
     if (i >= s->tier.ext_cap)
         return kvt__err(KVT_EINTERNAL, "disk extent table too small (%u < %u)", s->tier.ext_cap,
                         i + 1);
-    uint32_t x = kvt__ext_pop(d, (uint32_t)lh);
-    if (x == KVT__NONE && d->n_seg_free) {
-        /* Claim a fresh segment for this layer-head; extents in address order. */
-        uint32_t g = d->seg_stack[--d->n_seg_free];
-        for (uint32_t j = d->S; j-- > 0;) {
-            uint32_t e = g * d->S + j;
-            d->ext_lh[e] = (uint32_t)lh;
-            d->ext_next[e] = d->lh_head[lh];
-            d->lh_head[lh] = e;
+    uint32_t *te = &s->tier.disk_ext[lh * s->tier.ext_cap + i];
+    if (*te && !d->slot_used[(uint64_t)(*te - 1u) * d->E + page % d->E]) {
+        *slot = (uint64_t)(*te - 1u) * d->E + page % d->E;
+    } else {
+        /* No extent yet, or the page's place in it is held by a page this
+         * sequence let go and another still holds: a fresh extent. */
+        uint32_t x = kvt__ext_pop(d, (uint32_t)lh);
+        if (x == KVT__NONE && d->n_seg_free) {
+            /* Claim a fresh segment for this layer-head; extents in address order. */
+            uint32_t g = d->seg_stack[--d->n_seg_free];
+            for (uint32_t j = d->S; j-- > 0;) {
+                uint32_t e = g * d->S + j;
+                d->ext_lh[e] = (uint32_t)lh;
+                d->ext_next[e] = d->lh_head[lh];
+                d->lh_head[lh] = e;
+            }
+            x = kvt__ext_pop(d, (uint32_t)lh);
         }
-        x = kvt__ext_pop(d, (uint32_t)lh);
+        /* Every segment is claimed: borrow a free extent of another layer-head
+         * rather than fail while space is left. */
+        for (uint32_t o = 0; x == KVT__NONE && o < d->n_lh; o++)
+            x = kvt__ext_pop(d, o);
+        if (x == KVT__NONE)
+            return kvt__err(KVT_ENOSPC, "disk tier: all %u extents of %u pages are in use "
+                            "(%llu bytes)", d->n_ext, d->E, (unsigned long long)d->file_bytes);
+        if (*te)
+            kvt__ext_unref(d, *te - 1u);
+        d->ext_ref[x] = 1; /* the table's reference */
+        *te = x + 1u;
+        *slot = (uint64_t)x * d->E + page % d->E;
     }
-    /* Every segment is claimed: borrow a free extent of another layer-head
-     * rather than fail while space is left. */
-    for (uint32_t o = 0; x == KVT__NONE && o < d->n_lh; o++)
-        x = kvt__ext_pop(d, o);
-    if (x == KVT__NONE)
-        return kvt__err(KVT_ENOSPC, "disk tier: all %u extents of %u pages are in use "
-                        "(%llu bytes)", d->n_ext, d->E, (unsigned long long)d->file_bytes);
-    s->tier.disk_ext[lh * s->tier.ext_cap + i] = x + 1u;
-    *slot = (uint64_t)x * d->E + page % d->E;
+    d->slot_used[*slot] = 1;
+    d->ext_ref[*slot / d->E]++;
+    d->pslot[meta] = *slot;
     return 0;
 }
 
@@ -231,14 +289,8 @@ void kvt__disk_free_seq(kvt_pool *p, kvt__seq *s)
     if (!d || !s->tier.disk_ext)
         return;
     for (size_t i = 0; i < (size_t)d->n_lh * s->tier.ext_cap; i++) {
-        uint32_t x = s->tier.disk_ext[i];
-        if (!x)
-            continue;
-        x--;
-        uint32_t owner = d->ext_lh[x];
-        d->ext_next[x] = d->lh_head[owner];
-        d->lh_head[owner] = x;
-        d->n_ext_free++;
+        if (s->tier.disk_ext[i])
+            kvt__ext_unref(d, s->tier.disk_ext[i] - 1u);
         s->tier.disk_ext[i] = 0;
     }
 }
@@ -314,6 +366,31 @@ int kvt__disk_check(const kvt_pool *p)
     if (!rc && n_free != d->n_ext_free)
         rc = kvt__err(KVT_EINTERNAL, "disk tier: %u extents counted free, lists hold %llu",
                       d->n_ext_free, (unsigned long long)n_free);
+    /* Every reference an extent should have: table entries and used slots. */
+    uint32_t *want = calloc(d->n_ext, sizeof *want);
+    if (!want) {
+        free(st);
+        return kvt__err(KVT_ENOMEM, "kvt_pool_check: cannot allocate the extent counts");
+    }
+    uint64_t used = 0;
+    for (uint32_t m = 0; m < d->n_pslot && !rc; m++) {
+        const uint64_t sl = d->pslot[m];
+        if (sl == UINT64_MAX)
+            continue;
+        if (sl >= (uint64_t)d->n_ext * d->E || !d->slot_used[sl] || !p->pg_ref[m])
+            rc = kvt__err(KVT_EINTERNAL, "disk tier: page (metadata slot %u) holds slot %llu, "
+                          "which is %s", m, (unsigned long long)sl,
+                          !p->pg_ref[m] ? "kept for a freed page" : "out of range or unmarked");
+        else
+            want[sl / d->E]++;
+        used++;
+    }
+    uint64_t marked = 0;
+    for (uint64_t sl = 0; sl < (uint64_t)d->n_ext * d->E; sl++)
+        marked += d->slot_used[sl];
+    if (!rc && marked != used)
+        rc = kvt__err(KVT_EINTERNAL, "disk tier: %llu slots marked used, pages hold %llu",
+                      (unsigned long long)marked, (unsigned long long)used);
     for (uint32_t si = 0; si < p->max_seqs && !rc; si++) {
         const kvt__seq *s = &p->seqs[si];
         if (!s->live)
@@ -326,23 +403,33 @@ int kvt__disk_check(const kvt_pool *p)
                 if (!x)
                     continue;
                 x--;
-                if (x >= d->n_ext || st[x])
+                if (x >= d->n_ext || st[x] == 1 || st[x] == 2)
                     rc = kvt__err(KVT_EINTERNAL, "disk tier: extent %u of seq slot %u "
-                                  "layer-head %zu is free or used twice", x, si, lh);
+                                  "layer-head %zu is free", x, si, lh);
                 else if ((uint64_t)i * d->E >= np)
                     rc = kvt__err(KVT_EINTERNAL, "disk tier: seq slot %u layer-head %zu holds "
                                   "extent %u past its %u pages", si, lh, x, np);
                 else
-                    st[x] = 3;
+                    want[x]++;
             }
             for (uint32_t pg = 0; pg < np && !rc; pg++) {
                 uint8_t r = s->res[lh * s->cap_pages + pg];
                 if ((r & KVT_RES_DISK) && kvt__disk_slot(p, s, lh, pg) == UINT64_MAX)
                     rc = kvt__err(KVT_EINTERNAL, "disk tier: seq slot %u layer-head %zu page "
-                                  "%u is on disk without an extent", si, lh, pg);
+                                  "%u is on disk without a slot", si, lh, pg);
             }
         }
     }
+    for (uint32_t e = 0; e < d->n_ext && !rc; e++) {
+        if (want[e] != d->ext_ref[e])
+            rc = kvt__err(KVT_EINTERNAL, "disk tier: extent %u has %u references, tables and "
+                          "pages hold %u", e, d->ext_ref[e], want[e]);
+        else if (want[e] && st[e])
+            rc = kvt__err(KVT_EINTERNAL, "disk tier: extent %u is free and in use", e);
+        else if (want[e])
+            st[e] = 3;
+    }
+    free(want);
     for (uint32_t e = 0; e < d->n_ext && !rc; e++)
         if (!st[e])
             rc = kvt__err(KVT_EINTERNAL, "disk tier: extent %u is neither free nor used "

@@ -301,34 +301,30 @@ KVT_API int kvt_pool_mover_get(kvt_pool *pool, kvt_mover **out)
 }
 
 /* ---- applying finished moves (caller thread) ------------------------------ */
-static void kvt__count(kvt_pool *p, kvt__seq *s, uint32_t tier, int delta)
-{
-    p->pages_in_tier[tier] += (uint64_t)(int64_t)delta;
-    s->pages_in_tier[tier] += (uint64_t)(int64_t)delta;
-}
-
 static void kvt__moved(kvt_pool *p, uint32_t dir)
 {
     p->moved_bytes[dir] += p->block_bytes;
     p->moved_requests[dir]++;
 }
 
-/* Drops the copy of page e in `tier` (another copy exists). */
+/* Drops the copy of page e in `tier` (another copy exists), in the view of
+ * every sequence that holds the page. */
 void kvt__page_drop(kvt_pool *p, kvt__seq *s, size_t e, uint32_t tier)
 {
     if (!(s->res[e] & (1u << tier)))
         return;
+    const size_t lh = e / s->cap_pages;
+    const uint32_t page = (uint32_t)(e % s->cap_pages);
     if (tier == KVT_TIER_DEVICE) {
         kvt__arena_free(&p->tier[KVT_TIER_DEVICE], s->dev_block[e]);
-        s->dev_block[e] = 0;
-        kvt__dirty(p, s, e / s->cap_pages, (uint32_t)(e % s->cap_pages));
+        kvt__page_dev(p, s, lh, page, 0);
     } else if (tier == KVT_TIER_HOST) {
         p->host_owner[s->host_block[e]].slot = UINT32_MAX;
         kvt__arena_free(&p->tier[KVT_TIER_HOST], s->host_block[e]);
-        s->host_block[e] = 0;
+        kvt__page_host(p, s, lh, page, 0);
     }
-    s->res[e] &= (uint8_t)~(1u << tier);
-    kvt__count(p, s, tier, -1);
+    kvt__page_res(p, s, lh, page, (uint8_t)(1u << tier), 0);
+    kvt__page_count(p, s, lh, page, tier, -1);
 }
 
 static void kvt__apply_op(kvt_mover *m, kvt__op *op)
@@ -340,23 +336,22 @@ static void kvt__apply_op(kvt_mover *m, kvt__op *op)
         if (op->kind != KVT__OP_NOP) {
             switch (op->to) {
             case KVT_TIER_DEVICE:
-                s->dev_block[e] = op->dst_blk;
-                kvt__dirty(p, s, op->lh, op->page);
+                kvt__page_dev(p, s, op->lh, op->page, op->dst_blk);
                 break;
             case KVT_TIER_HOST:
-                s->host_block[e] = op->dst_blk;
+                kvt__page_host(p, s, op->lh, op->page, op->dst_blk);
                 p->host_owner[op->dst_blk] = (kvt__owner){op->slot, op->lh, op->page};
                 break;
             default:
                 p->disk->crc[op->dslot] = op->crc;
                 break;
             }
-            s->res[e] |= (uint8_t)(1u << op->to);
-            kvt__count(p, s, op->to, +1);
+            kvt__page_res(p, s, op->lh, op->page, 0, (uint8_t)(1u << op->to));
+            kvt__page_count(p, s, op->lh, op->page, op->to, +1);
             if (op->iflags & KVT__OPF_CHAIN) { /* the disk holds it too */
                 p->disk->crc[op->dslot] = op->crc;
-                s->res[e] |= KVT_RES_DISK;
-                kvt__count(p, s, KVT_TIER_DISK, +1);
+                kvt__page_res(p, s, op->lh, op->page, 0, KVT_RES_DISK);
+                kvt__page_count(p, s, op->lh, op->page, KVT_TIER_DISK, +1);
                 kvt__moved(p, KVT_DIR_HOST_TO_DISK);
             }
             if (op->iflags & KVT__OPF_OFFLOAD)
@@ -383,7 +378,7 @@ static void kvt__apply_op(kvt_mover *m, kvt__op *op)
             s->tier.off_next[op->lh] = op->page;
     }
     op->dst_blk = 0;
-    s->res[e] &= (uint8_t)~(KVT__RES_BUSY | KVT__RES_INBOUND);
+    kvt__page_res(p, s, op->lh, op->page, KVT__RES_BUSY | KVT__RES_INBOUND, 0);
     s->tier.busy--;
     if (op->to == KVT_TIER_DEVICE)
         s->tier.reloading--;
@@ -558,6 +553,20 @@ void kvt__mover_drain_seq(kvt_mover *m, kvt__seq *s)
         return;
     kvt__mover_apply_done(m);
     while (s->tier.busy) {
+        pthread_mutex_lock(&m->mu);
+        while (!m->done_head)
+            pthread_cond_wait(&m->done_cv, &m->mu);
+        pthread_mutex_unlock(&m->mu);
+        kvt__mover_apply_done(m);
+    }
+}
+
+void kvt__mover_drain_page(kvt_mover *m, const kvt__seq *s, size_t e)
+{
+    if (!m)
+        return;
+    kvt__mover_apply_done(m);
+    while (s->res[e] & KVT__RES_BUSY) {
         pthread_mutex_lock(&m->mu);
         while (!m->done_head)
             pthread_cond_wait(&m->done_cv, &m->mu);

@@ -165,8 +165,7 @@ static void kvt__unbusy(kvt_pool *p, kvt__batch *b, uint32_t n)
     for (uint32_t i = 0; i < n; i++) {
         kvt__op *op = &b->ops[i];
         kvt__seq *s = &p->seqs[op->slot];
-        s->res[(size_t)op->lh * s->cap_pages + op->page] &=
-            (uint8_t)~(KVT__RES_BUSY | KVT__RES_INBOUND);
+        kvt__page_res(p, s, op->lh, op->page, KVT__RES_BUSY | KVT__RES_INBOUND, 0);
         s->tier.busy--;
         if (op->to == KVT_TIER_DEVICE)
             s->tier.reloading--;
@@ -241,12 +240,13 @@ int kvt__mover_submit(kvt_mover *m, const kvt_move *moves, uint32_t n, uint32_t 
         if (mv->to != KVT_TIER_HOST)
             op->iflags &= (uint8_t)~KVT__OPF_CHAIN;
         const size_t e = (size_t)op->lh * s->cap_pages + op->page;
-        s->res[e] |= KVT__RES_BUSY;
+        /* Busy in every holder's view: a shared page moves once. */
+        kvt__page_res(p, s, op->lh, op->page, 0,
+                      (uint8_t)(KVT__RES_BUSY |
+                                (mv->to == KVT_TIER_DEVICE ? KVT__RES_INBOUND : 0)));
         s->tier.busy++;
-        if (mv->to == KVT_TIER_DEVICE) {
+        if (mv->to == KVT_TIER_DEVICE)
             s->tier.reloading++;
-            s->res[e] |= KVT__RES_INBOUND;
-        }
         if (s->res[e] & (1u << mv->to))
             op->kind = KVT__OP_NOP;
         else if (mv->from == KVT_TIER_DISK)

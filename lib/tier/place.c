@@ -237,7 +237,8 @@ static void kvt__trim(kvt_pool *p, kvt__seq *s, uint32_t layer, const uint32_t *
             if (!(r & KVT_RES_DEVICE) || (r & KVT__RES_BUSY) ||
                 !(r & (KVT_RES_HOST | KVT_RES_DISK)))
                 continue;
-            if (kvt__forced(pg, np, tokens, P, sink, local) || kvt__in_sorted(topk, ntop, pg))
+            if (kvt__forced(pg, np, tokens, P, sink, local) || kvt__in_sorted(topk, ntop, pg) ||
+                kvt__held_elsewhere(p, s, lh, pg))
                 continue;
             kvt__page_drop(p, s, e, KVT_TIER_DEVICE);
             p->pst.evicted++;
@@ -448,7 +449,8 @@ int kvt__place_warmup(kvt_pool *pool, kvt__seq *s, kvt_seq_id seq, const float *
                             rc = kvt__mv_push(&b, &m);
                         }
                     } else if (!want && (r & KVT_RES_DEVICE) && !(r & KVT__RES_BUSY) &&
-                               (r & (KVT_RES_HOST | KVT_RES_DISK))) {
+                               (r & (KVT_RES_HOST | KVT_RES_DISK)) &&
+                               !kvt__held_elsewhere(pool, s, lh, pg)) {
                         if (pass == 0) {
                             n_drop++;
                         } else {

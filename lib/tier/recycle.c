@@ -11,6 +11,29 @@
 #include "../policy/policy_int.h"
 
 
+bool kvt__held_elsewhere(kvt_pool *p, kvt__seq *s, size_t lh, uint32_t page)
+{
+    if (!kvt__page_shared(s, lh * s->cap_pages + page) || !p->pol)
+        return false;
+    const uint32_t layer = (uint32_t)(lh / p->g.n_kv_heads);
+    KVT__HOLDERS(p, s, lh, page, t)
+    {
+        if (t == s)
+            continue;
+        const uint32_t tokens = t->n_tokens[layer];
+        if (kvt__forced(page, kvt__pages_for(p, tokens), tokens, p->g.page_tokens,
+                        p->pol->sink[lh], p->pol->local[lh]))
+            return true;
+        if (t->sel.topk && t->sel.topk_k[lh]) {
+            const uint32_t *k = t->sel.topk + lh * t->sel.topk_cap;
+            for (uint32_t i = 0; i < t->sel.topk_n[lh]; i++)
+                if (k[i] == page)
+                    return true;
+        }
+    }
+    return false;
+}
+
 /* Highest score first; among equal scores the lower page. */
 static int kvt__evc_desc(const void *a, const void *b)
 {
@@ -139,14 +162,16 @@ int kvt__place_recycle_head(kvt_pool *p, kvt__seq *s, kvt_seq_id id, uint32_t se
             if (r & KVT__RES_INBOUND)
                 continue; /* on its way (warm-up); the decode waits for it */
             if (!(r & KVT_RES_DEVICE) && (r & KVT__RES_BUSY)) {
-                /* Moving between other tiers: let it land first. */
-                kvt__mover_drain_seq(p->mover, s);
+                /* Moving between other tiers (for this sequence or another
+                 * holder of the page): let it land first. */
+                kvt__mover_drain_page(p->mover, s, e);
                 r = s->res[e];
             }
             if (!(r & KVT_RES_DEVICE))
                 pml[npro++] = pg;
         } else if ((r & KVT_RES_DEVICE) && !forced) {
-            if (!(r & KVT__RES_BUSY) && (r & (KVT_RES_HOST | KVT_RES_DISK)))
+            if (!(r & KVT__RES_BUSY) && (r & (KVT_RES_HOST | KVT_RES_DISK)) &&
+                !kvt__held_elsewhere(p, s, lh, pg))
                 ev[nev++] = (kvt__evc){s->tier.imp[e], pg};
             else
                 stuck++;
@@ -182,11 +207,9 @@ int kvt__place_recycle_head(kvt_pool *p, kvt__seq *s, kvt_seq_id id, uint32_t se
         if (x < nevict) { /* the evicted page's block, handed over in place */
             const size_t ee = base + evs[x].page;
             blk = s->dev_block[ee];
-            s->dev_block[ee] = 0;
-            s->res[ee] &= (uint8_t)~KVT_RES_DEVICE;
-            s->pages_in_tier[KVT_TIER_DEVICE]--;
-            p->pages_in_tier[KVT_TIER_DEVICE]--;
-            kvt__dirty(p, s, lh, evs[x].page);
+            kvt__page_dev(p, s, lh, evs[x].page, 0);
+            kvt__page_res(p, s, lh, evs[x].page, KVT_RES_DEVICE, 0);
+            kvt__page_count(p, s, lh, evs[x].page, KVT_TIER_DEVICE, -1);
             p->pst.recycled++;
             p->pst.evicted++;
         } else {

@@ -31,6 +31,14 @@ typedef struct kvt__disk {
     uint32_t n_seg_free;
     uint32_t n_ext_free;   /* extents free (in layer-head lists and free segments) */
     uint32_t *crc;         /* [n_ext * E] CRC32C of the page in each slot */
+    /* Slots belong to physical pages (shared pages have one): pslot[meta
+     * slot] = the page's slot (UINT64_MAX = none), slot_used[slot] = 1 when
+     * a page holds it. An extent lives while a sequence's extent table
+     * names it or a page holds one of its slots: ext_ref counts both. */
+    uint64_t *pslot;
+    uint8_t *slot_used;
+    uint32_t *ext_ref;
+    uint32_t n_pslot;
 } kvt__disk;
 
 #define KVT__DIO_ALIGN 4096u
@@ -38,15 +46,23 @@ typedef struct kvt__disk {
 KVT__HIDDEN int kvt__disk_open(kvt_pool *p, const char *dir, uint64_t bytes,
                                const kvt_mover_opts *mo, kvt__disk **out);
 KVT__HIDDEN void kvt__disk_close(kvt__disk *d);
-/* The disk slot of (s, lh, page), or UINT64_MAX when its extent is not
- * allocated. */
+/* Sizes the per-page slot table for the pool's n metadata slots. */
+KVT__HIDDEN int kvt__disk_pages_init(kvt__disk *d, uint32_t n);
+/* Frees the disk slot of physical page `meta` (its last holder let it go). */
+KVT__HIDDEN void kvt__disk_page_free(kvt_pool *p, uint32_t meta);
+/* Lets go of s's extents of (lh) for pages from `first_page` on (a
+ * truncation; the pages themselves were let go first). */
+KVT__HIDDEN void kvt__disk_trim_seq(kvt_pool *p, kvt__seq *s, size_t lh, uint32_t first_page);
+/* The disk slot of (s, lh, page), or UINT64_MAX when it has none. */
 KVT__HIDDEN uint64_t kvt__disk_slot(const kvt_pool *p, const kvt__seq *s, size_t lh,
                                     uint32_t page);
-/* As kvt__disk_slot, allocating the extent when needed; KVT_ENOSPC when the
+/* As kvt__disk_slot, giving the page a slot when it has none: its place in
+ * s's extent of its page group (a new extent when that place is taken, by
+ * a page s let go that another sequence still holds); KVT_ENOSPC when the
  * file is full. */
 KVT__HIDDEN int kvt__disk_slot_alloc(kvt_pool *p, kvt__seq *s, size_t lh, uint32_t page,
                                      uint64_t *slot);
-/* Returns every extent of the sequence to its layer-head. */
+/* Lets go of every extent in the sequence's extent table. */
 KVT__HIDDEN void kvt__disk_free_seq(kvt_pool *p, kvt__seq *s);
 /* Synchronous read of one page from its slot into buf (block_bytes, any
  * alignment), verified against its CRC. */
@@ -250,6 +266,10 @@ KVT__HIDDEN int kvt__place_recycle_head(kvt_pool *p, kvt__seq *s, kvt_seq_id id,
 
 /* Drops the copy of page e of s in `tier` (another copy exists). */
 KVT__HIDDEN void kvt__page_drop(kvt_pool *p, kvt__seq *s, size_t e, uint32_t tier);
+/* Whether another holder of the shared page (s, lh, page) needs its device
+ * copy: the page is forced there, or in its current selection (recycle.c).
+ * False for a page only s holds. */
+KVT__HIDDEN bool kvt__held_elsewhere(kvt_pool *p, kvt__seq *s, size_t lh, uint32_t page);
 /* Shared by mover.c and mover_submit.c: queues op at the tail of a
  * priority queue; applies the moves the workers finished (caller thread). */
 KVT__HIDDEN void kvt__mover_q_push(kvt__op **head, kvt__op **tail, kvt__op *op);
@@ -265,6 +285,8 @@ KVT__HIDDEN int kvt__mover_fence_wait(kvt_mover *m, kvt_fence fence);
 KVT__HIDDEN void kvt__mover_destroy(kvt_mover *m);
 /* Waits until no move of the sequence is in flight, applying completions. */
 KVT__HIDDEN void kvt__mover_drain_seq(kvt_mover *m, kvt__seq *s);
+/* Waits until no move of page e of s (by any holder) is in flight. */
+KVT__HIDDEN void kvt__mover_drain_page(kvt_mover *m, const kvt__seq *s, size_t e);
 /* Marks blocks held by moves in flight (for kvt_pool_check): calls fn for
  * every reserved destination block. */
 KVT__HIDDEN void kvt__mover_reserved(const kvt_mover *m,

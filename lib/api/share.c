@@ -1,0 +1,316 @@
+/* kvt_seq_fork and kvt_seq_truncate: sequences that share pages, and
+ * cutting a sequence back. The holders' ring and the reference counts are
+ * the page store's (lib/core/share.c); this file frees a page when its
+ * last holder lets it go, copies the partially filled last pages a fork
+ * or a truncation must own, and keeps the per-sequence state (selection,
+ * offload progress, disk extents) consistent with the new lengths. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "api_int.h"
+#include "../backend/backend.h"
+#include "../step/step.h"
+#include "../tier/tier.h"
+
+int kvt__seq_edit_ok(const kvt_pool *p, const kvt__seq *s, const char *what, bool host_only)
+{
+    if (kvt__step_has_seq(p->step, s))
+        return kvt__err(KVT_ESTATE, "%s: the open step includes the sequence; call it before "
+                        "kvt_step_plan or after kvt_step_finish", what);
+    if (host_only && (p->be_caps & KVT__BE_DEVICE_REMOTE))
+        return kvt__err(KVT_ENOTSUP, "%s: not built for the %s backend yet", what,
+                        kvt__backend_name(p->backend));
+    return 0;
+}
+
+void kvt__page_letgo(kvt_pool *p, kvt__seq *s, size_t lh, uint32_t page)
+{
+    const size_t e = lh * s->cap_pages + page;
+    if (!kvt__page_unshare(p, s, lh, page))
+        return; /* other sequences hold it: s's view is cleared */
+    const uint8_t r = s->res[e];
+    if (r & KVT_RES_DEVICE)
+        kvt__arena_free(&p->tier[KVT_TIER_DEVICE], s->dev_block[e]);
+    if (r & KVT_RES_HOST) {
+        p->host_owner[s->host_block[e]].slot = UINT32_MAX;
+        kvt__arena_free(&p->tier[KVT_TIER_HOST], s->host_block[e]);
+    }
+    kvt__disk_page_free(p, s->meta_slot[e]);
+    p->pg_ref[s->meta_slot[e]] = 0;
+    kvt__arena_free(&p->meta, s->meta_slot[e]);
+    for (uint32_t t = 0; t < KVT_NUM_TIERS; t++)
+        if (r & (1u << t)) {
+            p->pages_in_tier[t]--;
+            s->pages_in_tier[t]--;
+        }
+    s->dev_block[e] = 0;
+    s->host_block[e] = 0;
+    s->meta_slot[e] = 0;
+    s->res[e] = 0;
+}
+
+int kvt__page_read(const kvt_pool *p, const kvt__seq *s, size_t lh, uint32_t page, uint8_t *buf)
+{
+    const size_t e = lh * s->cap_pages + page;
+    const uint8_t r = s->res[e];
+    if (r & KVT_RES_DEVICE) {
+        const uint8_t *src = kvt__arena_block(&p->tier[KVT_TIER_DEVICE], s->dev_block[e]);
+        if (p->be_caps & KVT__BE_DEVICE_REMOTE) /* GPU memory */
+            return p->be->read(p, buf, src, p->block_bytes);
+        memcpy(buf, src, p->block_bytes);
+        return 0;
+    }
+    if (r & KVT_RES_HOST) {
+        memcpy(buf, kvt__arena_block(&p->tier[KVT_TIER_HOST], s->host_block[e]), p->block_bytes);
+        return 0;
+    }
+    if ((r & KVT_RES_DISK) && p->disk)
+        return kvt__disk_read_page(p, kvt__disk_slot(p, s, lh, page), buf);
+    return kvt__err(KVT_EINTERNAL, "page %u of layer-head %zu is in no tier", page, lh);
+}
+
+/* A fresh private copy of page (lh, page) in the device tier: a new device
+ * block (and, when `new_meta`, a new metadata slot holding the old one's
+ * bytes) with the page's rows. The view still names the old page; the
+ * caller installs the copy. Blocks were counted free by the caller. */
+static int kvt__page_copy(kvt_pool *p, const kvt__seq *s, size_t lh, uint32_t page,
+                          uint32_t *blk, uint32_t *meta, bool new_meta)
+{
+    const size_t e = lh * s->cap_pages + page;
+    *blk = kvt__arena_alloc(&p->tier[KVT_TIER_DEVICE]);
+    int rc = kvt__page_read(p, s, lh, page, kvt__arena_block(&p->tier[KVT_TIER_DEVICE], *blk));
+    if (rc) {
+        kvt__arena_free(&p->tier[KVT_TIER_DEVICE], *blk);
+        return rc;
+    }
+    *meta = s->meta_slot[e];
+    if (new_meta) {
+        *meta = kvt__arena_alloc(&p->meta);
+        memcpy(kvt__arena_block(&p->meta, *meta), kvt__arena_block(&p->meta, s->meta_slot[e]),
+               p->meta_bytes);
+    }
+    return 0;
+}
+
+KVT_API int kvt_seq_fork(kvt_pool *pool, kvt_seq_id src, const kvt_seq_opts *opts,
+                         kvt_seq_id *out)
+{
+    KVT__CHECK_NULL(pool);
+    KVT__CHECK_NULL(out);
+    *out = KVT_SEQ_NONE;
+    kvt__seq *s;
+    int rc = kvt__seq_lookup(pool, src, &s);
+    if (rc)
+        return rc;
+    if ((rc = kvt__seq_edit_ok(pool, s, "kvt_seq_fork", true)))
+        return rc;
+    kvt_seq_opts o;
+    if (opts) {
+        if ((rc = kvt__opts_copy(&o, sizeof o, opts, KVT__SEQ_OPTS_V1, "opts")))
+            return rc;
+    } else {
+        kvt_seq_opts_init(&o);
+    }
+    const uint32_t L = pool->g.n_layers, H = pool->g.n_kv_heads, D = pool->g.head_dim;
+    const uint32_t P = pool->g.page_tokens;
+    uint32_t longest = 0, partial = 0;
+    for (uint32_t l = 0; l < L; l++) {
+        longest = s->n_tokens[l] > longest ? s->n_tokens[l] : longest;
+        partial += (s->n_tokens[l] % P) != 0;
+    }
+    if (!o.max_tokens)
+        o.max_tokens = s->max_tokens;
+    if (o.max_tokens < longest)
+        return kvt__err(KVT_EINVAL, "opts->max_tokens: %u is below the %u tokens of the "
+                        "sequence forked", o.max_tokens, longest);
+    /* Room for the copied last pages, before anything changes. */
+    const uint64_t need = (uint64_t)partial * H;
+    if (pool->tier[KVT_TIER_DEVICE].n_free < need || pool->meta.n_free < need)
+        return kvt__err(KVT_ENOSPC, "kvt_seq_fork: the copied last pages need %llu device "
+                        "blocks and metadata slots; %u and %u are free",
+                        (unsigned long long)need, pool->tier[KVT_TIER_DEVICE].n_free,
+                        pool->meta.n_free);
+    kvt_seq_id id;
+    if ((rc = kvt_seq_create(pool, &o, &id)))
+        return rc;
+    kvt__seq *c = &pool->seqs[kvt__seq_id_slot(id)];
+    if ((rc = kvt__seq_reserve(pool, c, kvt__pages_for(pool, longest))) ||
+        (s->sel.topk && (rc = kvt__seq_topk_reserve(pool, c, s->sel.topk_cap)))) {
+        kvt_seq_release(pool, id);
+        return rc;
+    }
+    for (uint32_t l = 0; l < L; l++) {
+        const uint32_t n = s->n_tokens[l], full = n / P;
+        for (uint32_t h = 0; h < H; h++) {
+            const size_t lh = kvt__lh(pool, l, h);
+            for (uint32_t pg = 0; pg < full; pg++) {
+                kvt__page_share(pool, s, c, lh, pg);
+                c->tier.imp[lh * c->cap_pages + pg] = s->tier.imp[lh * s->cap_pages + pg];
+                c->tier.use[lh * c->cap_pages + pg] = s->tier.use[lh * s->cap_pages + pg];
+            }
+            if (n % P) { /* the open page: a private copy (it is on the device) */
+                uint32_t blk, meta;
+                if ((rc = kvt__page_copy(pool, s, lh, full, &blk, &meta, true))) {
+                    kvt_seq_release(pool, id); /* (cannot happen: the page is in memory) */
+                    return rc;
+                }
+                const size_t e = lh * c->cap_pages + full;
+                c->dev_block[e] = blk;
+                c->meta_slot[e] = meta;
+                c->res[e] = (uint8_t)(KVT_RES_DEVICE |
+                                      (s->res[lh * s->cap_pages + full] & KVT__RES_NONFINITE));
+                pool->pg_ref[meta] = 1;
+                c->pages_in_tier[KVT_TIER_DEVICE]++;
+                pool->pages_in_tier[KVT_TIER_DEVICE]++;
+                kvt__dirty(pool, c, lh, full);
+            }
+            c->tier.off_next[lh] = s->tier.off_next[lh] < full ? s->tier.off_next[lh] : full;
+        }
+        c->n_tokens[l] = n;
+    }
+    memcpy(c->acc, s->acc, (size_t)L * H * 3u * D * sizeof *c->acc);
+    if (s->sel.topk) { /* the parent's selection: the child's first step need not rerank */
+        for (size_t b = 0; b < (size_t)L * H; b++)
+            memcpy(c->sel.topk + b * c->sel.topk_cap, s->sel.topk + b * s->sel.topk_cap,
+                   s->sel.topk_n[b] * sizeof *c->sel.topk);
+        memcpy(c->sel.topk_n, s->sel.topk_n, (size_t)L * H * sizeof *c->sel.topk_n);
+        memcpy(c->sel.topk_k, s->sel.topk_k, (size_t)L * H * sizeof *c->sel.topk_k);
+    }
+    c->sel.steps = s->sel.steps;
+    *out = id;
+    return 0;
+}
+
+/* Whether the kept selection of (s, lh) names a page at or past np. */
+static bool kvt__topk_past(const kvt__seq *s, size_t lh, uint32_t np)
+{
+    if (!s->sel.topk || !s->sel.topk_k[lh])
+        return false;
+    const uint32_t *k = s->sel.topk + lh * s->sel.topk_cap;
+    for (uint32_t i = 0; i < s->sel.topk_n[lh]; i++)
+        if (k[i] >= np)
+            return true;
+    return false;
+}
+
+KVT_API int kvt_seq_truncate(kvt_pool *pool, kvt_seq_id seq, uint32_t n_tokens)
+{
+    KVT__CHECK_NULL(pool);
+    kvt__seq *s;
+    int rc = kvt__seq_lookup(pool, seq, &s);
+    if (rc)
+        return rc;
+    if ((rc = kvt__seq_edit_ok(pool, s, "kvt_seq_truncate", true)))
+        return rc;
+    const uint32_t L = pool->g.n_layers, H = pool->g.n_kv_heads, D = pool->g.head_dim;
+    const uint32_t P = pool->g.page_tokens, q = n_tokens / P, rows = n_tokens % P;
+    for (uint32_t l = 0; l < L; l++)
+        if (n_tokens > s->n_tokens[l])
+            return kvt__err(KVT_ERANGE, "n_tokens: %u is past the %u tokens of layer %u",
+                            n_tokens, s->n_tokens[l], l);
+    /* No move of its pages in flight: the pages it lets go and the kept
+     * last page stay still. */
+    kvt__place_settle(pool, s);
+    uint64_t need_dev = 0, need_meta = 0;
+    for (uint32_t l = 0; l < L && rows; l++) {
+        if (s->n_tokens[l] == n_tokens)
+            continue;
+        for (uint32_t h = 0; h < H; h++) {
+            const size_t lh = kvt__lh(pool, l, h), e = lh * s->cap_pages + q;
+            kvt__mover_drain_page(pool->mover, s, e);
+            const bool shared = kvt__page_shared(s, e);
+            need_dev += shared || !(s->res[e] & KVT_RES_DEVICE);
+            need_meta += shared;
+        }
+    }
+    if (pool->tier[KVT_TIER_DEVICE].n_free < need_dev || pool->meta.n_free < need_meta)
+        return kvt__err(KVT_ENOSPC, "kvt_seq_truncate: the kept last pages need %llu device "
+                        "blocks and %llu metadata slots; %u and %u are free",
+                        (unsigned long long)need_dev, (unsigned long long)need_meta,
+                        pool->tier[KVT_TIER_DEVICE].n_free, pool->meta.n_free);
+    /* The copies first, so that a failed read changes nothing. */
+    uint32_t *cp = need_dev ? calloc((size_t)L * H * 2u, sizeof *cp) : NULL;
+    if (need_dev && !cp)
+        return kvt__err(KVT_ENOMEM, "kvt_seq_truncate: cannot allocate %u entries", L * H);
+    for (uint32_t l = 0; l < L && need_dev; l++) {
+        if (s->n_tokens[l] == n_tokens)
+            continue;
+        for (uint32_t h = 0; h < H && !rc; h++) {
+            const size_t lh = kvt__lh(pool, l, h), e = lh * s->cap_pages + q;
+            const bool shared = kvt__page_shared(s, e);
+            if (shared || !(s->res[e] & KVT_RES_DEVICE))
+                rc = kvt__page_copy(pool, s, lh, q, &cp[2 * lh], &cp[2 * lh + 1], shared);
+        }
+        if (rc) {
+            for (size_t b = 0; b < (size_t)L * H; b++) {
+                if (cp[2 * b])
+                    kvt__arena_free(&pool->tier[KVT_TIER_DEVICE], cp[2 * b]);
+                const size_t e = b * s->cap_pages + q;
+                if (cp[2 * b] && cp[2 * b + 1] != s->meta_slot[e])
+                    kvt__arena_free(&pool->meta, cp[2 * b + 1]);
+            }
+            free(cp);
+            return rc;
+        }
+    }
+    const uint32_t np = kvt__pages_for(pool, n_tokens);
+    for (uint32_t l = 0; l < L; l++) {
+        const uint32_t cur = s->n_tokens[l];
+        if (cur == n_tokens)
+            continue;
+        for (uint32_t h = 0; h < H; h++) {
+            const size_t lh = kvt__lh(pool, l, h), e = lh * s->cap_pages + q;
+            for (uint32_t pg = np; pg < kvt__pages_for(pool, cur); pg++) {
+                kvt__page_letgo(pool, s, lh, pg);
+                s->tier.imp[lh * s->cap_pages + pg] = 0;
+                s->tier.use[lh * s->cap_pages + pg] = 0;
+            }
+            if (rows) { /* the kept last page is open again: private, on the device */
+                if (cp && cp[2 * lh]) {
+                    const uint32_t blk = cp[2 * lh], meta = cp[2 * lh + 1];
+                    if (kvt__page_shared(s, e)) {
+                        const uint8_t nf = s->res[e] & KVT__RES_NONFINITE;
+                        kvt__page_unshare(pool, s, lh, q);
+                        s->meta_slot[e] = meta;
+                        s->res[e] = nf;
+                        pool->pg_ref[meta] = 1;
+                    }
+                    s->dev_block[e] = blk;
+                    s->res[e] |= KVT_RES_DEVICE;
+                    s->pages_in_tier[KVT_TIER_DEVICE]++;
+                    pool->pages_in_tier[KVT_TIER_DEVICE]++;
+                }
+                /* Its copies elsewhere would go stale with the next append. */
+                if (s->res[e] & KVT_RES_HOST) {
+                    pool->host_owner[s->host_block[e]].slot = UINT32_MAX;
+                    kvt__arena_free(&pool->tier[KVT_TIER_HOST], s->host_block[e]);
+                    s->host_block[e] = 0;
+                    s->res[e] &= (uint8_t)~KVT_RES_HOST;
+                    s->pages_in_tier[KVT_TIER_HOST]--;
+                    pool->pages_in_tier[KVT_TIER_HOST]--;
+                }
+                if (s->res[e] & KVT_RES_DISK) {
+                    s->res[e] &= (uint8_t)~KVT_RES_DISK;
+                    s->pages_in_tier[KVT_TIER_DISK]--;
+                    pool->pages_in_tier[KVT_TIER_DISK]--;
+                }
+                kvt__disk_page_free(pool, s->meta_slot[e]);
+                kvt__dirty(pool, s, lh, q);
+                /* The metadata, exactly as appending the kept rows made it. */
+                const bool bad = kvt__page_rebuild(
+                    pool, kvt__arena_block(&pool->tier[KVT_TIER_DEVICE], s->dev_block[e]), rows,
+                    s->acc + lh * 3u * D, kvt__arena_block(&pool->meta, s->meta_slot[e]));
+                s->res[e] = (uint8_t)((s->res[e] & ~KVT__RES_NONFINITE) |
+                                      (bad ? KVT__RES_NONFINITE : 0));
+            }
+            if (kvt__topk_past(s, lh, np))
+                s->sel.topk_k[lh] = 0; /* it named a dropped page: rerank */
+            if (s->tier.off_next[lh] > q)
+                s->tier.off_next[lh] = q;
+            kvt__disk_trim_seq(pool, s, lh, np);
+        }
+        s->n_tokens[l] = n_tokens;
+    }
+    free(cp);
+    return 0;
+}
