@@ -4,7 +4,8 @@
 #   make check           all tests              make check-asan      ASan + UBSan
 #   make check-tsan      ThreadSanitizer over the threaded tests
 #   make check-valgrind  tests under valgrind   make demo            kvtier-decode, embedded model
-#   make fuzz            libFuzzer on the profile parser and GGUF reader (FUZZ_TIME s each)
+#   make fuzz            libFuzzer on the profile parser, GGUF reader and sequence
+#                        stream reader (FUZZ_TIME s each)
 #   make abi-check       ABI vs lib/libkvtier.abi   make abi-dump     rewrite the baseline
 #   make install / uninstall  (PREFIX, LIBDIR, INCLUDEDIR, MANDIR, BINDIR, DESTDIR)
 #   make check-gpu       CUDA kernel tests on the GPU (+ compute-sanitizer)
@@ -227,7 +228,8 @@ $(O)/bin/kvtier-pool-demo: examples/pool-demo/pool_demo.c $(LIB_SO)
 # bench_io.c's reference reader uses liburing directly. With CUDA the
 # program also carries bench_cuda.c (--backend cuda), which calls the
 # library's hidden kernel launchers: it links the static library then.
-BENCH_SRCS := examples/bench/bench.c examples/bench/bench_io.c examples/bench/bench_tier.c
+BENCH_SRCS := examples/bench/bench.c examples/bench/bench_io.c examples/bench/bench_tier.c \
+              examples/bench/bench_fork.c
 BENCH_HDRS := examples/bench/bench_io.h examples/bench/bench_cuda.h
 ifeq ($(CUDA),1)
 $(O)/bin/kvtier-bench: $(BENCH_SRCS) examples/bench/bench_cuda.c $(BENCH_HDRS) $(LIB_A) $(LIB_SO)
@@ -252,7 +254,7 @@ endif
 # The example decoder: OpenBLAS for the model's products, -O3 and
 # -fopenmp-simd so its small loops vectorise.
 DECODE_SRCS := examples/decode/main.c examples/decode/engine.c examples/decode/model.c \
-               examples/decode/gguf.c examples/decode/tokenizer.c
+               examples/decode/gguf.c examples/decode/tokenizer.c examples/decode/session.c
 DECODE_HDRS := $(wildcard examples/decode/*.h)
 $(O)/bin/kvtier-decode: $(DECODE_SRCS) $(DECODE_HDRS) $(LIB_SO)
 	@mkdir -p $(dir $@)
@@ -384,6 +386,16 @@ fuzz: | $(O)/config.mk
 	$(O)/fuzz/bin/fuzz_gguf -max_total_time=$(FUZZ_TIME) -timeout=10 -rss_limit_mb=2048 \
 	  -print_final_stats=1 -artifact_prefix=$(O)/fuzz/gguf- \
 	  $(O)/fuzz/corpus/gguf tests/fuzz/corpus/gguf
+	@mkdir -p $(O)/fuzz/corpus/seq_restore $(O)/fuzz/seeds/seq_restore
+	$(FUZZ_CC) -std=c11 -D_GNU_SOURCE -Iinclude -O1 -g $(FUZZ_SAN) tests/fuzz/gen_seq_corpus.c \
+	  $(O)/fuzz/lib/$(LIBNAME).a $(DEP_LIBS) -lm -lpthread -o $(O)/fuzz/bin/gen_seq_corpus
+	$(O)/fuzz/bin/gen_seq_corpus $(O)/fuzz/seeds/seq_restore
+	$(FUZZ_CC) -std=c11 -D_GNU_SOURCE -Iinclude -Ilib/core -O1 -g -fsanitize=fuzzer $(FUZZ_SAN) \
+	  tests/fuzz/fuzz_seq_restore.c $(O)/fuzz/lib/$(LIBNAME).a $(DEP_LIBS) -lm -lpthread \
+	  -o $(O)/fuzz/bin/fuzz_seq_restore
+	$(O)/fuzz/bin/fuzz_seq_restore -max_total_time=$(FUZZ_TIME) -timeout=10 -rss_limit_mb=2048 \
+	  -print_final_stats=1 -artifact_prefix=$(O)/fuzz/seq- \
+	  $(O)/fuzz/corpus/seq_restore $(O)/fuzz/seeds/seq_restore
 
 include mk/abi.mk
 

@@ -225,6 +225,31 @@ void pfx_release(pfx *f, uint32_t i)
     f->ns--;
 }
 
+uint32_t pfx_fork(pfx *f, uint32_t src)
+{
+    assert_true(f->ns < MAXS);
+    const uint32_t i = f->ns++;
+    tseq_init(&f->t[i]);
+    TU_OK(kvt_seq_fork(f->p, f->t[src].id, NULL, &f->t[i].id));
+    f->t[i].n = f->t[src].n;
+    for (int l = 0; l < N_LAYERS; l++) {
+        memcpy(f->t[i].k[l], f->t[src].k[l], (size_t)f->t[src].n * N_KV_HEADS * HEAD_DIM * 2);
+        memcpy(f->t[i].v[l], f->t[src].v[l], (size_t)f->t[src].n * N_KV_HEADS * HEAD_DIM * 2);
+    }
+    f->designed[i] = f->designed[src];
+    f->warm_pending[i] = false;
+    memcpy(f->topk[i], f->topk[src], sizeof f->topk[i]);
+    memcpy(f->ntopk[i], f->ntopk[src], sizeof f->ntopk[i]);
+    memcpy(f->s[i], f->s[src], sizeof f->s[i]);
+    return i;
+}
+
+void pfx_truncate(pfx *f, uint32_t i, uint32_t n)
+{
+    TU_OK(kvt_seq_truncate(f->p, f->t[i].id, n));
+    f->t[i].n = n;
+}
+
 void table(const pfx *f, uint32_t i, uint32_t l, uint32_t h, uint32_t np, uint32_t *blk,
            uint8_t *res)
 {
@@ -713,17 +738,26 @@ void pfx_step(pfx *f, const step_args *a, step_res *res)
 
 void check_device_count(const pfx *f)
 {
+    /* Distinct device blocks: a page forks share is one page. */
+    kvt_stats s = pstats(f->p);
+    uint8_t *seen = calloc(s.tier[KVT_TIER_DEVICE].blocks_total + 1, 1);
     uint64_t n = 0;
     for (uint32_t i = 0; i < f->ns; i++)
         for (uint32_t l = 0; l < N_LAYERS; l++)
             for (uint32_t h = 0; h < N_KV_HEADS; h++) {
                 uint8_t rs[MAXPG];
+                uint32_t blk[MAXPG];
                 const uint32_t np = pages_of(f->t[i].n);
-                table(f, i, l, h, np, NULL, rs);
-                for (uint32_t pg = 0; pg < np; pg++)
-                    n += (rs[pg] & KVT_RES_DEVICE) != 0;
+                table(f, i, l, h, np, blk, rs);
+                for (uint32_t pg = 0; pg < np; pg++) {
+                    if (!(rs[pg] & KVT_RES_DEVICE))
+                        continue;
+                    assert_true(blk[pg] > 0 && blk[pg] <= s.tier[KVT_TIER_DEVICE].blocks_total);
+                    n += !seen[blk[pg]];
+                    seen[blk[pg]] = 1;
+                }
             }
-    kvt_stats s = pstats(f->p);
+    free(seen);
     assert_int_equal(s.tier[KVT_TIER_DEVICE].pages, n);
 }
 

@@ -135,6 +135,11 @@ void pfx_prefill(pfx *f, uint32_t i, uint32_t n);
 #define KEYS_FLAT 2
 uint32_t pfx_add(pfx *f, uint32_t n, int keys);
 
+/* A fork of sequence src (kvt_seq_fork): the kept K/V, the design and the
+ * last top-K sets copied; returns its index. */
+uint32_t pfx_fork(pfx *f, uint32_t src);
+/* kvt_seq_truncate of sequence i to n tokens. */
+void pfx_truncate(pfx *f, uint32_t i, uint32_t n);
 /* Releases sequence i; the later ones move down one index. */
 void pfx_release(pfx *f, uint32_t i);
 
@@ -210,8 +215,8 @@ void pfx_step(pfx *f, const step_args *a, step_res *res);
 
 /* ---- placement at rest ------------------------------------------------------------ */
 
-/* Pages with a device copy, over every live sequence: the device tier's
- * page count. */
+/* Distinct pages with a device copy (a shared page once), over every live
+ * sequence: the device tier's page count. */
 void check_device_count(const pfx *f);
 
 /* With every move finished: each full page of a stable head was offloaded

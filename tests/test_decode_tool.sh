@@ -52,7 +52,36 @@ else
   echo "test_decode_tool: $M absent; the real-model checks are skipped"
 fi
 
-# 4. Malformed files: junk, wrong GGUF version, missing file.
+# 4. Sessions: 20 tokens, --save, then --resume for 20 more equals one run of
+#    40 (dense: the restored rows are the saved ones bit for bit, so every
+#    logit is the same); a damaged session is refused with the library's
+#    reason. Greedy --samples: every fork generates the unforked tokens.
+ids() { sed -n 's/^\(\[sample\] \)*ids://p' | tr '\n' ' ' | tr -s ' '; }
+"$BIN" --kv dense --prompt-tokens 300 --gen 40 2>/dev/null | ids >"$TMP/one" || fail "40 tokens"
+"$BIN" --kv dense --prompt-tokens 300 --gen 20 --save "$TMP/s.kvtd" 2>/dev/null | ids >"$TMP/a" ||
+  fail "--save"
+"$BIN" --kv dense --resume "$TMP/s.kvtd" --gen 20 2>"$TMP/e" | ids >"$TMP/b" ||
+  { cat "$TMP/e"; fail "--resume"; }
+[ "$(cat "$TMP/a" "$TMP/b" | tr -s ' ')" = "$(cat "$TMP/one")" ] ||
+  fail "save + resume: $(cat "$TMP/a") + $(cat "$TMP/b"), one run: $(cat "$TMP/one")"
+"$BIN" --resume "$TMP/s.kvtd" --gen 5 >/dev/null 2>"$TMP/e" || { cat "$TMP/e"; fail "tiered --resume"; }
+sz=$(wc -c <"$TMP/s.kvtd")
+cp "$TMP/s.kvtd" "$TMP/bad.kvtd"
+printf '\377' | dd of="$TMP/bad.kvtd" bs=1 seek=$((sz / 2)) conv=notrunc 2>/dev/null
+"$BIN" --kv dense --resume "$TMP/bad.kvtd" --gen 2 >/dev/null 2>"$TMP/e"; rc=$?
+[ $rc -eq 1 ] && grep -q "KVT_ECORRUPT" "$TMP/e" || fail "damaged session: rc $rc: $(cat "$TMP/e")"
+"$BIN" --prompt-tokens 300 --gen 16 2>/dev/null | ids >"$TMP/g1"
+"$BIN" --prompt-tokens 300 --gen 16 --samples 3 2>"$TMP/e" | ids >"$TMP/g3" ||
+  { cat "$TMP/e"; fail "--samples 3"; }
+[ "$(cat "$TMP/g3")" = "$(cat "$TMP/g1" "$TMP/g1" "$TMP/g1" | tr -s ' ')" ] ||
+  fail "greedy samples differ from the unforked run: $(cat "$TMP/g3") vs $(cat "$TMP/g1")"
+grep -q "^samples: 3 forks" "$TMP/e" || fail "--samples: no summary"
+if [ -f "$M" ]; then
+  "$BIN" --model "$M" --resume "$TMP/s.kvtd" --gen 2 >/dev/null 2>"$TMP/e"; rc=$?
+  [ $rc -eq 1 ] && grep -q "n_layers\|model" "$TMP/e" || fail "resume with another model: rc $rc"
+fi
+
+# 5. Malformed files: junk, wrong GGUF version, missing file.
 head -c 4096 /dev/urandom >"$TMP/junk.bin"
 printf 'GGUF\011\000\000\000' >"$TMP/v9.gguf"; head -c 64 /dev/zero >>"$TMP/v9.gguf"
 for f in "$TMP/junk.bin" "$TMP/v9.gguf" "$TMP/missing.bin"; do

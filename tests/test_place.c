@@ -1110,6 +1110,60 @@ static void test_disk_small_host(void **state)
     pfx_close(f);
 }
 
+/* Forks in a tiered pool with host and disk tiers (issue 23): children
+ * inherit the parent's selection and placement, and every step of every
+ * sequence is checked by pfx_step against its references (the selection
+ * rule against rescored metadata, the output against double-precision
+ * attention over exactly the selected pages, selected pages on device
+ * after the decode, evictions only of unselected, unforced pages with
+ * another copy), with kvt_pool_check after each; then the parent goes
+ * first, a fork of a fork, a truncated child. A shared page is counted
+ * once on the device. */
+static void test_fork_tiered(void **state)
+{
+    (void)state;
+    pheads ph = ph_uniform(3, 2, 1, 1, 4);
+    ph_unstable(&ph, 1, 0);
+    pfx *f = pfx_open(&ph, 160, 40, 16ull << 20, 0xf02c);
+    pfx_add(f, 24 * PAGE_TOKENS + 5, KEYS_RANDOM);
+    const step_args a = {0};
+    step_res r;
+    for (int s = 0; s < 3; s++)
+        pfx_step(f, &a, &r);
+    const kvt_stats s0 = pstats(f->p);
+    pfx_fork(f, 0);
+    pfx_fork(f, 0);
+    const kvt_stats s1 = pstats(f->p);
+    /* The forks copied one open page per (layer, head) each, nothing else. */
+    assert_int_equal(s1.tier[KVT_TIER_DEVICE].pages - s0.tier[KVT_TIER_DEVICE].pages,
+                     2 * NLH);
+    assert_int_equal(s1.tier[KVT_TIER_HOST].pages, s0.tier[KVT_TIER_HOST].pages);
+    assert_int_equal(s1.tier[KVT_TIER_DISK].pages, s0.tier[KVT_TIER_DISK].pages);
+    check_device_count(f);
+    verify_all(f);
+    uint32_t rr = 0, steps = 0;
+    for (int s = 0; s < 8; s++, steps++) {
+        pfx_step(f, &a, &r);
+        for (uint32_t i = 0; i < f->ns; i++)
+            for (uint32_t lh = 0; lh < NLH; lh++)
+                rr += r.reranked[i][lh];
+    }
+    pfx_release(f, 0); /* the parent first: the children stay whole */
+    verify_all(f);
+    pfx_fork(f, 1);    /* a fork of a fork */
+    pfx_truncate(f, 0, f->t[0].n - 2 * PAGE_TOKENS - 3);
+    pfx_truncate(f, 2, f->t[2].n - 1);
+    TU_CHECK(f->p);
+    verify_all(f);
+    for (int s = 0; s < 8; s++, steps++)
+        pfx_step(f, &a, &r);
+    check_device_count(f);
+    verify_all(f);
+    TU_OK(wait_all(f));
+    print_message("# tiered forks: %u steps, %u heads rescored in the first 8\n", steps, rr);
+    pfx_close(f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1120,6 +1174,7 @@ int main(void)
         cmocka_unit_test(test_enospc),
         cmocka_unit_test(test_sizing),            cmocka_unit_test(test_dirty_ranges),
         cmocka_unit_test(test_bad_input),         cmocka_unit_test(test_disk_small_host),
+        cmocka_unit_test(test_fork_tiered),
     };
     return cmocka_run_group_tests(tests, tier_setup, tier_teardown);
 }

@@ -81,7 +81,8 @@ static const char usage_text[] =
     "  --policy            also decode under a head-stability policy: 25% unstable heads\n"
     "                      reranked every step, the others every 16 steps (16-step passes)\n"
     "  --help              this text\n"
-    "Prints one JSON object per case on stdout, progress on stderr.\n";
+    "Prints one JSON object per case on stdout, progress on stderr.\n"
+    "Other commands: io, tier, fork (kvtier-bench CMD --help).\n";
 
 static void usage_error(const char *msg, const char *arg)
 {
@@ -972,6 +973,8 @@ int main(int argc, char **argv)
         return bench_io_main(argc - 1, argv + 1);
     if (argc > 1 && strcmp(argv[1], "tier") == 0)
         return bench_tier_main(argc - 1, argv + 1);
+    if (argc > 1 && strcmp(argv[1], "fork") == 0)
+        return bench_fork_main(argc - 1, argv + 1);
     bench_opts o;
     parse_args(argc, argv, &o);
     double t_start = bench_now();

@@ -10,6 +10,9 @@ int bench_io_main(int argc, char **argv);
 /* argv[0] is "tier": the tiered placement's decode loop (bench_tier.c);
  * returns the process exit status. */
 int bench_tier_main(int argc, char **argv);
+/* argv[0] is "fork": a prompt forked into children against independent
+ * copies (bench_fork.c); returns the process exit status. */
+int bench_fork_main(int argc, char **argv);
 
 /* Helpers both subcommands use. */
 #include <errno.h>

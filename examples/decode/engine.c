@@ -76,7 +76,7 @@ void kv_open(kvcache *kc, const model *m, const engine_opts *o, int tiered, uint
     po.geom.page_tokens = 16;
     po.geom.dtype = KVT_DTYPE_F16;
     po.n_threads = o->threads;
-    po.max_seqs = 4;
+    po.max_seqs = 4 + o->samples;
     po.max_seq_tokens = ctx + 1;
     po.target_tokens = ctx + 1;
     po.target_seqs = 1;
@@ -106,6 +106,15 @@ void kv_open(kvcache *kc, const model *m, const engine_opts *o, int tiered, uint
     /* The device tier from the sizing, plus room for one prefill chunk of
      * new pages per KV head before they are copied out. */
     po.device_bytes = kc->sz.device_bytes + (uint64_t)c->n_kv_heads * (512 / 16 + 1) * block;
+    /* A restore appends every page into the device tier (the placement
+     * moves them out as the steps go). */
+    if (o->resume)
+        po.device_bytes = kc->sz.dense_bytes + (uint64_t)c->n_kv_heads * (512 / 16 + 1) * block;
+    /* Each further sample: its copied last pages, the pages it grows and
+     * (tiered) its own selection's promotions. */
+    const uint64_t per = (uint64_t)(o->gen / 16 + 2) + (tiered ? o->budget / 16 + 4 : 0);
+    po.device_bytes += (uint64_t)(o->samples > 1 ? o->samples - 1 : 0) * c->n_layers *
+                       c->n_kv_heads * per * block;
     if (tiered) {
         const uint64_t all = kc->sz.dense_bytes;
         po.host_bytes = o->disk ? all / 4 + 2 * block : all;

@@ -16,6 +16,9 @@ typedef struct engine_opts {
     uint32_t threads;    /* worker threads; 0 = online CPUs */
     const char *policy;  /* profile file, or NULL for the built-in policy */
     const char *disk;    /* disk tier directory, or NULL */
+    uint32_t samples;    /* sequences forked from the prompt's (1 = none) */
+    uint32_t gen;        /* tokens each generates */
+    int resume;          /* the cache is restored: every page lands on the device */
 } engine_opts;
 
 /* ---- one KV cache: a pool and the sequence in it ----------------------------------- */

@@ -15,7 +15,10 @@
  * --kv dense keeps every page on the device tier and attends over all of
  * them (KVT_STEP_DENSE); --kv tiered (the default) places pages by head
  * class under a policy and attends over the selected pages. --compare runs
- * both on the same prompt and reports how often they agree.
+ * both on the same prompt and reports how often they agree. --samples N
+ * forks the prompt's sequence (kvt_seq_fork) into N samples that share its
+ * pages; --save / --resume keep a session in a file (kvt_seq_save /
+ * kvt_seq_restore, session.c).
  *
  * Run `kvtier-decode --help` for the options. */
 #include <cblas.h>
@@ -32,6 +35,7 @@
 #include "gguf.h"
 #include "engine.h"
 #include "model.h"
+#include "session.h"
 #include "tokenizer.h"
 
 #define PROG "kvtier-decode"
@@ -72,9 +76,9 @@ static double now_s(void)
 
 /* ---- options ------------------------------------------------------------------- */
 typedef struct opts {
-    const char *model, *tokenizer, *prompt, *prompt_file, *policy, *disk;
+    const char *model, *tokenizer, *prompt, *prompt_file, *policy, *disk, *save, *resume;
     int tiered, compare, json, quiet;
-    uint32_t budget, threads, ctx, gen, prompt_tokens;
+    uint32_t budget, threads, ctx, gen, prompt_tokens, samples;
     uint64_t seed;
     float temp, top_p;
 } opts;
@@ -98,6 +102,9 @@ static const char usage[] =
     "  --temp T --top-p P   sampling (default greedy: temp 0)\n"
     "  --seed N             sampling and synthetic-prompt seed (default 1)\n"
     "  --compare            run dense and tiered on the same prompt; report agreement\n"
+    "  --samples N          N samples of the prompt, forks sharing its pages (with --temp)\n"
+    "  --save FILE          save the session (KV cache and sampler) after generating\n"
+    "  --resume FILE        continue a saved session (no prompt; same model)\n"
     "  --json               print one JSON summary line on stdout at the end\n"
     "  --quiet              no generated text\n";
 
@@ -160,6 +167,12 @@ static void parse(int argc, char **argv, opts *o)
             o->gen = parse_u32(v, "--gen");
         else if (ARG("--prompt-tokens"))
             o->prompt_tokens = parse_u32(v, "--prompt-tokens");
+        else if (ARG("--samples"))
+            o->samples = parse_u32(v, "--samples");
+        else if (ARG("--save"))
+            o->save = v;
+        else if (ARG("--resume"))
+            o->resume = v;
         else if (ARG("--seed"))
             o->seed = parse_u32(v, "--seed");
         else if (ARG("--temp"))
@@ -176,6 +189,14 @@ static void parse(int argc, char **argv, opts *o)
         die("give --prompt or --prompt-file, not both%s", "");
     if (!(o->temp >= 0) || !(o->top_p > 0 && o->top_p <= 1))
         die("--temp must be >= 0 and --top-p in (0, 1]%s", "");
+    if (o->samples == 0)
+        o->samples = 1;
+    if (o->samples > 64)
+        die("--samples: at most 64%s", "");
+    if (o->compare && (o->samples > 1 || o->save || o->resume))
+        die("--compare runs one sample, without --save or --resume%s", "");
+    if (o->resume && (o->prompt || o->prompt_file || o->prompt_tokens))
+        die("--resume continues a saved session; it takes no prompt%s", "");
 }
 
 /* ---- sampling ------------------------------------------------------------------- */
@@ -316,7 +337,11 @@ int main(int argc, char **argv)
     /* The prompt. */
     int32_t *prompt = NULL;
     uint32_t T = 0;
-    if (o.prompt || o.prompt_file) {
+    if (o.resume) {
+        if (session_peek(o.resume, &T, err, sizeof err))
+            die("%s", err);
+        T += 1; /* and the saved next token, fed first */
+    } else if (o.prompt || o.prompt_file) {
         if (!tk)
             die("a text prompt needs a tokenizer (a GGUF model, or --tokenizer)%s", "");
         size_t len;
@@ -340,7 +365,7 @@ int main(int argc, char **argv)
         if (!synthetic)
             prompt[0] = 1; /* llama2.c's BOS */
     }
-    if (T == 0)
+    if (T == 0 && !o.resume)
         die("the prompt is empty%s", "");
     const uint32_t ctx = o.ctx ? o.ctx : T + o.gen;
     if (ctx < T + o.gen)
@@ -352,7 +377,8 @@ int main(int argc, char **argv)
     /* The caches: one, or dense + tiered for --compare. */
     kvcache kc[2];
     int nkc = o.compare ? 2 : 1;
-    const engine_opts eo = {o.budget, o.threads, o.policy, o.disk};
+    const engine_opts eo = {o.budget, o.threads, o.policy, o.disk, o.samples, o.gen,
+                            o.resume != NULL};
     if (o.compare) {
         kv_open(&kc[0], &m, &eo, 0, ctx);
         kv_open(&kc[1], &m, &eo, 1, ctx);
@@ -373,9 +399,19 @@ int main(int argc, char **argv)
     float *logits2 = xmalloc(c->vocab * sizeof(float));
     prob *ps = xmalloc(c->vocab * sizeof *ps);
     double t0 = now_s();
-    engine_prefill(&m, prompt, T, kc, nkc, w.logits, obs, n_obs, !o.quiet || T >= 4096, o.threads);
+    session_state ss = {0, 0};
+    if (o.resume) { /* the saved cache, then its next token through it */
+        uint32_t have;
+        if (session_resume(o.resume, &kc[0], c, ctx + 1, &ss, &have, err, sizeof err))
+            die("%s", err);
+        engine_decode(&m, &kc[0], ss.next_tok, have, &w);
+        T = have + 1;
+    } else {
+        engine_prefill(&m, prompt, T, kc, nkc, w.logits, obs, n_obs, !o.quiet || T >= 4096,
+                       o.threads);
+    }
     double t_warm = now_s();
-    for (int i = 0; i < nkc; i++)
+    for (int i = 0; i < nkc && !o.resume; i++)
         if (kc[i].tiered) {
             /* Importance-guided placement from the last prompt queries; a
              * one-sequence engine then waits for its pages (a batching
@@ -391,8 +427,14 @@ int main(int argc, char **argv)
     /* Decode: matrix-vector products this small run faster on one BLAS
      * thread (the library's own workers do the attention). */
     openblas_set_num_threads(1);
-    uint64_t rng = o.seed * 0x2545f4914f6cdd1dull + 1;
-    int32_t tok = (int32_t)sample(w.logits, c->vocab, o.temp, o.top_p, &rng, ps), prev = -1;
+    /* --samples: the prompt's sequence and its forks, which share its pages
+     * (the open last page of each head is copied); each decodes on its own. */
+    kvt_seq_id *sids = xmalloc(o.samples * sizeof *sids);
+    sids[0] = kc[0].seq;
+    for (uint32_t i = 1; i < o.samples; i++)
+        CHECK(kvt_seq_fork(kc[0].pool, sids[0], NULL, &sids[i]));
+    float *logits0 = xmalloc(c->vocab * sizeof *logits0);
+    memcpy(logits0, w.logits, c->vocab * sizeof *logits0);
     uint32_t agree = 0, compared = 0;
     double max_diff = 0;
     kvt_stats st0[2];
@@ -400,33 +442,47 @@ int main(int argc, char **argv)
         st0[i].struct_size = sizeof st0[i];
         CHECK(kvt_pool_stats_get(kc[i].pool, &st0[i]));
     }
-    if (!o.quiet)
-        printf("%s", tk ? "" : "ids:");
-    for (uint32_t g2 = 0; g2 < o.gen; g2++) {
-        if (!o.quiet) {
-            emit(tk, prev, tok);
-            fflush(stdout);
-        }
-        prev = tok;
-        if (g2 + 1 == o.gen)
-            break;
-        const uint32_t pos = T + g2;
-        engine_decode(&m, &kc[0], tok, pos, &w);
-        if (o.compare) {
-            memcpy(logits2, w.logits, c->vocab * sizeof *logits2); /* dense */
-            engine_decode(&m, &kc[1], tok, pos, &w);                 /* tiered */
-            compared++;
-            agree += argmax(logits2, c->vocab) == argmax(w.logits, c->vocab);
-            for (uint32_t i = 0; i < c->vocab; i++) {
-                double dd = fabs((double)logits2[i] - (double)w.logits[i]);
-                max_diff = dd > max_diff ? dd : max_diff;
+    for (uint32_t si = 0; si < o.samples; si++) {
+        kc[0].seq = sids[si];
+        memcpy(w.logits, logits0, c->vocab * sizeof *logits0);
+        uint64_t rng = o.resume && si == 0 ? ss.rng : (o.seed + si) * 0x2545f4914f6cdd1dull + 1;
+        int32_t tok = (int32_t)sample(w.logits, c->vocab, o.temp, o.top_p, &rng, ps), prev = -1;
+        if (!o.quiet)
+            printf("%s%s", o.samples > 1 ? (si ? "\n[sample] " : "[sample] ") : "",
+                   tk ? "" : "ids:");
+        for (uint32_t g2 = 0; g2 < o.gen; g2++) {
+            if (!o.quiet) {
+                emit(tk, prev, tok);
+                fflush(stdout);
             }
-            memcpy(w.logits, logits2, c->vocab * sizeof *logits2); /* dense leads */
+            prev = tok;
+            if (g2 + 1 == o.gen)
+                break;
+            const uint32_t pos = T + g2;
+            engine_decode(&m, &kc[0], tok, pos, &w);
+            if (o.compare) {
+                memcpy(logits2, w.logits, c->vocab * sizeof *logits2); /* dense */
+                engine_decode(&m, &kc[1], tok, pos, &w);                 /* tiered */
+                compared++;
+                agree += argmax(logits2, c->vocab) == argmax(w.logits, c->vocab);
+                for (uint32_t i = 0; i < c->vocab; i++) {
+                    double dd = fabs((double)logits2[i] - (double)w.logits[i]);
+                    max_diff = dd > max_diff ? dd : max_diff;
+                }
+                memcpy(w.logits, logits2, c->vocab * sizeof *logits2); /* dense leads */
+            }
+            tok = (int32_t)sample(w.logits, c->vocab, o.temp, o.top_p, &rng, ps);
+            if (tk && tok == tok_eos(tk))
+                break;
         }
-        tok = (int32_t)sample(w.logits, c->vocab, o.temp, o.top_p, &rng, ps);
-        if (tk && tok == tok_eos(tk))
-            break;
+        if (o.save && si == 0) { /* prev: emitted, not yet fed through the cache */
+            const session_state out = {prev, rng};
+            if (session_save(o.save, &kc[0], c, &out, err, sizeof err))
+                die("%s", err);
+        }
     }
+    kc[0].seq = sids[0];
+    free(logits0);
     if (!o.quiet) {
         printf("\n");
         if (synthetic)
@@ -436,7 +492,7 @@ int main(int argc, char **argv)
     }
 
     /* Summary. */
-    const uint32_t steps = o.gen > 1 ? o.gen - 1 : 0;
+    const uint32_t steps = (o.gen > 1 ? o.gen - 1 : 0) * o.samples; /* timed over all */
     kvt_stats st[2];
     for (int i = 0; i < nkc; i++) {
         st[i].struct_size = sizeof st[i];
@@ -503,6 +559,18 @@ int main(int argc, char **argv)
                    compared ? (double)agree / compared : 1.0, max_diff, compared);
         printf("}\n");
     }
+    if (o.samples > 1) {
+        /* What the forks saved: device and host bytes against as many
+         * sequences each holding the prompt. */
+        fprintf(stderr, "samples: %u forks of %u prompt tokens: device %.1f MiB + host %.1f MiB "
+                "(one sequence %.1f MiB of KV)\n", o.samples, T,
+                (double)ts->tier[KVT_TIER_DEVICE].bytes_used / 1048576,
+                (double)ts->tier[KVT_TIER_HOST].bytes_used / 1048576,
+                (double)(tv->sz.dense_bytes - ts->block_bytes) / 1048576);
+    }
+    for (uint32_t i = 1; i < o.samples; i++)
+        CHECK(kvt_seq_release(kc[0].pool, sids[i]));
+    free(sids);
     for (int i = 0; i < nkc; i++)
         kv_close(&kc[i]);
     free(obs);

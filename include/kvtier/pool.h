@@ -275,7 +275,7 @@ KVT_API int kvt_seq_page_meta_get(const kvt_pool *pool, kvt_seq_id seq, uint32_t
                                   uint32_t kv_head, uint32_t page,
                                   float *kmin, float *kmax, float *kmean);
 
-/* ---- Sharing, truncation, persistence (0.2) --------------------------
+/* ---- Sharing, truncation, persistence ---------------------------------
  * Pages are reference-counted: a fork shares every full page of the parent
  * (in every tier, with one copy of each), and a page is freed when the last
  * sequence holding it lets it go. None of these calls may run while a step

@@ -223,11 +223,18 @@ KVT_API int kvt_seq_truncate(kvt_pool *pool, kvt_seq_id seq, uint32_t n_tokens)
             need_meta += shared;
         }
     }
-    if (pool->tier[KVT_TIER_DEVICE].n_free < need_dev || pool->meta.n_free < need_meta)
+    /* Tiered pools: the pages the cut makes local come back to the device. */
+    uint64_t need_local = 0;
+    kvt__place_forced_in(pool, s, seq, n_tokens, &need_local);
+    if (pool->tier[KVT_TIER_DEVICE].n_free < need_dev + need_local ||
+        pool->meta.n_free < need_meta)
         return kvt__err(KVT_ENOSPC, "kvt_seq_truncate: the kept last pages need %llu device "
-                        "blocks and %llu metadata slots; %u and %u are free",
-                        (unsigned long long)need_dev, (unsigned long long)need_meta,
+                        "blocks and %llu metadata slots, the pages that become local %llu "
+                        "device blocks; %u and %u are free", (unsigned long long)need_dev,
+                        (unsigned long long)need_meta, (unsigned long long)need_local,
                         pool->tier[KVT_TIER_DEVICE].n_free, pool->meta.n_free);
+    if (need_local && (rc = kvt__place_forced_in(pool, s, seq, n_tokens, NULL)))
+        return rc; /* (copies to the device only: the sequence is as it was) */
     /* The copies first, so that a failed read changes nothing. */
     uint32_t *cp = need_dev ? calloc((size_t)L * H * 2u, sizeof *cp) : NULL;
     if (need_dev && !cp)

@@ -348,6 +348,55 @@ static int kvt__warm_host(kvt_pool *p, kvt__seq *s, kvt_seq_id id)
     return rc;
 }
 
+int kvt__place_forced_in(kvt_pool *p, kvt__seq *s, kvt_seq_id id, uint32_t n_tokens,
+                         uint64_t *count)
+{
+    const uint32_t P = p->g.page_tokens, np = kvt__pages_for(p, n_tokens), full = n_tokens / P;
+    kvt__mvbuf b = {0};
+    uint64_t n = 0;
+    int rc = 0;
+    for (uint32_t l = 0; p->pol && l < p->g.n_layers && !rc; l++) {
+        if (s->n_tokens[l] == n_tokens)
+            continue;
+        for (uint32_t h = 0; h < p->g.n_kv_heads && !rc; h++) {
+            const size_t lh = kvt__lh(p, l, h);
+            if (!kvt__stable(p, lh))
+                continue; /* an unstable head's pages never leave the device */
+            for (uint32_t pg = 0; pg < full && !rc; pg++) {
+                if (!kvt__forced(pg, np, n_tokens, P, p->pol->sink[lh], p->pol->local[lh]))
+                    continue;
+                const size_t e = lh * s->cap_pages + pg;
+                if (!count)
+                    kvt__mover_drain_page(p->mover, s, e); /* another holder's move */
+                if (s->res[e] & (KVT_RES_DEVICE | KVT__RES_INBOUND))
+                    continue;
+                n++;
+                if (!count) {
+                    kvt_move m = {id, l, h, pg,
+                                  (s->res[e] & KVT_RES_HOST) ? KVT_TIER_HOST : KVT_TIER_DISK,
+                                  KVT_TIER_DEVICE, 0};
+                    rc = kvt__mv_push(&b, &m);
+                }
+            }
+        }
+    }
+    if (count) {
+        *count = n;
+        return 0;
+    }
+    if (!rc && b.n) {
+        kvt_fence f;
+        rc = kvt__mover_submit(p->mover, b.mv, b.n, KVT_SUBMIT_URGENT, NULL, &f, NULL,
+                               KVT__OPF_PROMOTE);
+        if (!rc) {
+            p->pst.promoted += b.n;
+            rc = kvt__mover_fence_wait(p->mover, f);
+        }
+    }
+    free(b.mv);
+    return rc;
+}
+
 void kvt__place_settle(kvt_pool *p, kvt__seq *s)
 {
     kvt__mover_drain_seq(p->mover, s);

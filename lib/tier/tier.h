@@ -223,6 +223,12 @@ KVT__HIDDEN int kvt__place_after_append(kvt_pool *p, kvt__seq *s, kvt_seq_id id,
  * consumed retired, its outcome dropped (its pages arrived or stayed where
  * they were; a step that needs them reranks). */
 KVT__HIDDEN void kvt__place_settle(kvt_pool *p, kvt__seq *s);
+/* A cut of s to n_tokens makes the last full pages before the cut local
+ * (forced onto the device) for every stable head: with count, *count = the
+ * pages that have no device copy; without, copies them to the device tier
+ * and waits (KVT_ENOSPC, KVT_EIO, KVT_ECORRUPT from the moves). */
+KVT__HIDDEN int kvt__place_forced_in(kvt_pool *p, kvt__seq *s, kvt_seq_id id, uint32_t n_tokens,
+                                     uint64_t *count);
 /* kvt_seq_warmup's work once its arguments and the pool's state are
  * checked (lib/api/warmup.c): settle the sequence, score every stable
  * head's pages over the observation queries, and place them. */
