@@ -16,10 +16,7 @@ KVT__HIDDEN void kvt__page_letgo(kvt_pool *p, kvt__seq *s, size_t lh, uint32_t p
  * its CRC (KVT_ECORRUPT, KVT_EIO). */
 KVT__HIDDEN int kvt__page_read(const kvt_pool *p, const kvt__seq *s, size_t lh, uint32_t page,
                                uint8_t *buf);
-/* KVT_ESTATE when an open step includes s; KVT_ENOTSUP naming `what` when
- * the backend keeps the device tier in its own memory (fork, truncate and
- * restore are not built there yet). */
-KVT__HIDDEN int kvt__seq_edit_ok(const kvt_pool *p, const kvt__seq *s, const char *what,
-                                 bool host_only);
+/* KVT_ESTATE naming `what` when an open step includes s. */
+KVT__HIDDEN int kvt__seq_edit_ok(const kvt_pool *p, const kvt__seq *s, const char *what);
 
 #endif /* KVTIER_API_INT_H */

@@ -91,7 +91,7 @@ KVT_API int kvt_seq_save(const kvt_pool *pool, kvt_seq_id seq, kvt_write_fn writ
     int rc = kvt__seq_lookup(pool, seq, &s);
     if (rc)
         return rc;
-    if ((rc = kvt__seq_edit_ok(pool, s, "kvt_seq_save", false)))
+    if ((rc = kvt__seq_edit_ok(pool, s, "kvt_seq_save")))
         return rc;
     const uint32_t L = pool->g.n_layers, H = pool->g.n_kv_heads, P = pool->g.page_tokens;
     const size_t row = (size_t)pool->g.head_dim * pool->elem;
@@ -215,12 +215,19 @@ static int kvt__restore_pages(kvt_pool *pool, kvt_seq_id id, kvt__seq *s, kvt__r
     const size_t row = (size_t)pool->g.head_dim * pool->elem, mb = pool->meta_bytes;
     const size_t rec_max = 2u * (size_t)P * row + mb;
     /* A page-row of every head: K and V as [count][H][D], and their metadata. */
-    uint8_t *k = malloc((size_t)P * H * row), *v = malloc((size_t)P * H * row);
-    uint8_t *meta = malloc((size_t)H * mb), *rec = malloc(rec_max + 4u);
+    const size_t kvb = (size_t)P * H * row;
+    uint8_t *k = malloc(kvb), *v = malloc(kvb);
+    uint8_t *meta = malloc((size_t)H * mb), *rec = malloc(rec_max + 4u), *got = malloc(mb);
     int rc = 0;
     uint64_t n_rec = 0;
-    if (!k || !v || !meta || !rec)
+    if (!k || !v || !meta || !rec || !got)
         rc = kvt__err(KVT_ENOMEM, "kvt_seq_restore: cannot allocate page buffers");
+    /* A remote backend appends from its own memory: the rows go there first. */
+    const bool remote = (pool->be_caps & KVT__BE_DEVICE_REMOTE) != 0;
+    void *dk = NULL, *dv = NULL;
+    if (!rc && remote && pool->be->scratch &&
+        !(rc = pool->be->scratch(pool, kvb, &dk)))
+        rc = pool->be->scratch(pool, kvb, &dv);
     for (uint32_t l = 0; l < L && !rc; l++) {
         const uint32_t n = n_tokens[l], np = kvt__pages_for(pool, n);
         for (uint32_t pg = 0; pg < np && !rc; pg++) {
@@ -243,12 +250,23 @@ static int kvt__restore_pages(kvt_pool *pool, kvt_seq_id id, kvt__seq *s, kvt__r
                 memcpy(meta + (size_t)h * mb, rec + 2u * count * row, mb);
                 n_rec++;
             }
-            if (rc || (rc = kvt_seq_append(pool, id, l, k, v, count, pool->g.dtype, 0)))
+            if (rc)
+                break;
+            if (dk) {
+                const size_t nb = (size_t)count * H * row;
+                if ((rc = pool->be->write(pool, dk, k, nb)) ||
+                    (rc = pool->be->write(pool, dv, v, nb)))
+                    break;
+            }
+            if ((rc = kvt_seq_append(pool, id, l, dk ? dk : k, dv ? dv : v, count,
+                                     pool->g.dtype, 0)))
                 break;
             for (uint32_t h = 0; h < H && !rc; h++) {
                 const size_t e = kvt__lh(pool, l, h) * s->cap_pages + pg;
-                if (memcmp(kvt__arena_block(&pool->meta, s->meta_slot[e]), meta + (size_t)h * mb,
-                           mb))
+                const uint8_t *m = kvt__arena_block(&pool->meta, s->meta_slot[e]);
+                if (remote && (rc = pool->be->read(pool, got, m, mb)))
+                    break;
+                if (memcmp(remote ? got : m, meta + (size_t)h * mb, mb))
                     rc = kvt__err(KVT_ECORRUPT, "stream: layer %u page %u head %u: the saved "
                                   "metadata does not describe the saved keys", l, pg, h);
             }
@@ -265,10 +283,15 @@ static int kvt__restore_pages(kvt_pool *pool, kvt_seq_id id, kvt__seq *s, kvt__r
                           "where %llu were read", (unsigned long long)want,
                           (unsigned long long)n_rec);
     }
+    if (dk)
+        pool->be->scratch_free(pool, dk);
+    if (dv)
+        pool->be->scratch_free(pool, dv);
     free(k);
     free(v);
     free(meta);
     free(rec);
+    free(got);
     return rc;
 }
 
@@ -279,9 +302,6 @@ KVT_API int kvt_seq_restore(kvt_pool *pool, const kvt_seq_opts *opts, kvt_read_f
     KVT__CHECK_NULL(out);
     *out = KVT_SEQ_NONE;
     KVT__CHECK_NULL(read);
-    if (pool->be_caps & KVT__BE_DEVICE_REMOTE)
-        return kvt__err(KVT_ENOTSUP, "kvt_seq_restore: not built for the %s backend yet",
-                        kvt__backend_name(pool->backend));
     kvt_seq_opts o;
     int rc;
     if (opts) {

@@ -12,14 +12,21 @@
 #include "../step/step.h"
 #include "../tier/tier.h"
 
-int kvt__seq_edit_ok(const kvt_pool *p, const kvt__seq *s, const char *what, bool host_only)
+int kvt__seq_edit_ok(const kvt_pool *p, const kvt__seq *s, const char *what)
 {
     if (kvt__step_has_seq(p->step, s))
         return kvt__err(KVT_ESTATE, "%s: the open step includes the sequence; call it before "
                         "kvt_step_plan or after kvt_step_finish", what);
-    if (host_only && (p->be_caps & KVT__BE_DEVICE_REMOTE))
-        return kvt__err(KVT_ENOTSUP, "%s: not built for the %s backend yet", what,
-                        kvt__backend_name(p->backend));
+    return 0;
+}
+
+/* Copies n bytes of host memory into pool memory at dst (the device tier or
+ * the metadata store: backend memory on a remote backend). */
+static int kvt__pool_write(const kvt_pool *p, void *dst, const void *src, size_t n)
+{
+    if (p->be_caps & KVT__BE_DEVICE_REMOTE)
+        return p->be->write(p, dst, src, n);
+    memcpy(dst, src, n);
     return 0;
 }
 
@@ -77,19 +84,33 @@ static int kvt__page_copy(kvt_pool *p, const kvt__seq *s, size_t lh, uint32_t pa
                           uint32_t *blk, uint32_t *meta, bool new_meta)
 {
     const size_t e = lh * s->cap_pages + page;
+    /* Through host memory: the page may come from any tier, and on a remote
+     * backend go into its memory. */
+    uint8_t *buf = malloc(p->block_bytes + p->meta_bytes);
+    if (!buf)
+        return kvt__err(KVT_ENOMEM, "cannot allocate a page buffer");
     *blk = kvt__arena_alloc(&p->tier[KVT_TIER_DEVICE]);
-    int rc = kvt__page_read(p, s, lh, page, kvt__arena_block(&p->tier[KVT_TIER_DEVICE], *blk));
+    *meta = new_meta ? kvt__arena_alloc(&p->meta) : s->meta_slot[e];
+    const uint8_t *m = kvt__arena_block(&p->meta, s->meta_slot[e]);
+    int rc = kvt__page_read(p, s, lh, page, buf);
+    if (!rc)
+        rc = kvt__pool_write(p, kvt__arena_block(&p->tier[KVT_TIER_DEVICE], *blk), buf,
+                             p->block_bytes);
+    if (!rc && new_meta)
+        rc = (p->be_caps & KVT__BE_DEVICE_REMOTE)
+                 ? p->be->read(p, buf + p->block_bytes, m, p->meta_bytes)
+                 : (memcpy(buf + p->block_bytes, m, p->meta_bytes), 0);
+    if (!rc && new_meta)
+        rc = kvt__pool_write(p, kvt__arena_block(&p->meta, *meta), buf + p->block_bytes,
+                             p->meta_bytes);
+    free(buf);
     if (rc) {
         kvt__arena_free(&p->tier[KVT_TIER_DEVICE], *blk);
-        return rc;
+        if (new_meta)
+            kvt__arena_free(&p->meta, *meta);
+        *blk = 0;
     }
-    *meta = s->meta_slot[e];
-    if (new_meta) {
-        *meta = kvt__arena_alloc(&p->meta);
-        memcpy(kvt__arena_block(&p->meta, *meta), kvt__arena_block(&p->meta, s->meta_slot[e]),
-               p->meta_bytes);
-    }
-    return 0;
+    return rc;
 }
 
 KVT_API int kvt_seq_fork(kvt_pool *pool, kvt_seq_id src, const kvt_seq_opts *opts,
@@ -102,8 +123,14 @@ KVT_API int kvt_seq_fork(kvt_pool *pool, kvt_seq_id src, const kvt_seq_opts *opt
     int rc = kvt__seq_lookup(pool, src, &s);
     if (rc)
         return rc;
-    if ((rc = kvt__seq_edit_ok(pool, s, "kvt_seq_fork", true)))
+    if ((rc = kvt__seq_edit_ok(pool, s, "kvt_seq_fork")))
         return rc;
+    /* A shared page's device copy stays while another holder's selection
+     * holds it: the guard reads the host's selections, which a remote
+     * backend's pool with lower tiers keeps in its step (not built). */
+    if (kvt__lower_on_host(pool))
+        return kvt__err(KVT_ENOTSUP, "kvt_seq_fork: not built for %s pools with host or disk "
+                        "tiers yet (device-only pools fork)", kvt__backend_name(pool->backend));
     kvt_seq_opts o;
     if (opts) {
         if ((rc = kvt__opts_copy(&o, sizeof o, opts, KVT__SEQ_OPTS_V1, "opts")))
@@ -151,7 +178,7 @@ KVT_API int kvt_seq_fork(kvt_pool *pool, kvt_seq_id src, const kvt_seq_opts *opt
             if (n % P) { /* the open page: a private copy (it is on the device) */
                 uint32_t blk, meta;
                 if ((rc = kvt__page_copy(pool, s, lh, full, &blk, &meta, true))) {
-                    kvt_seq_release(pool, id); /* (cannot happen: the page is in memory) */
+                    kvt_seq_release(pool, id); /* (a GPU copy failed; host memory cannot) */
                     return rc;
                 }
                 const size_t e = lh * c->cap_pages + full;
@@ -177,6 +204,10 @@ KVT_API int kvt_seq_fork(kvt_pool *pool, kvt_seq_id src, const kvt_seq_opts *opt
         memcpy(c->sel.topk_k, s->sel.topk_k, (size_t)L * H * sizeof *c->sel.topk_k);
     }
     c->sel.steps = s->sel.steps;
+    if (pool->be->seq_fork && (rc = pool->be->seq_fork(pool, s, c))) {
+        kvt_seq_release(pool, id);
+        return rc;
+    }
     *out = id;
     return 0;
 }
@@ -200,7 +231,7 @@ KVT_API int kvt_seq_truncate(kvt_pool *pool, kvt_seq_id seq, uint32_t n_tokens)
     int rc = kvt__seq_lookup(pool, seq, &s);
     if (rc)
         return rc;
-    if ((rc = kvt__seq_edit_ok(pool, s, "kvt_seq_truncate", true)))
+    if ((rc = kvt__seq_edit_ok(pool, s, "kvt_seq_truncate")))
         return rc;
     const uint32_t L = pool->g.n_layers, H = pool->g.n_kv_heads, D = pool->g.head_dim;
     const uint32_t P = pool->g.page_tokens, q = n_tokens / P, rows = n_tokens % P;
@@ -304,11 +335,17 @@ KVT_API int kvt_seq_truncate(kvt_pool *pool, kvt_seq_id seq, uint32_t n_tokens)
                 kvt__disk_page_free(pool, s->meta_slot[e]);
                 kvt__dirty(pool, s, lh, q);
                 /* The metadata, exactly as appending the kept rows made it. */
-                const bool bad = kvt__page_rebuild(
-                    pool, kvt__arena_block(&pool->tier[KVT_TIER_DEVICE], s->dev_block[e]), rows,
-                    s->acc + lh * 3u * D, kvt__arena_block(&pool->meta, s->meta_slot[e]));
-                s->res[e] = (uint8_t)((s->res[e] & ~KVT__RES_NONFINITE) |
-                                      (bad ? KVT__RES_NONFINITE : 0));
+                if (pool->be->page_rebuild) {
+                    if ((rc = pool->be->page_rebuild(pool, s, lh, q, rows)))
+                        break; /* a GPU fault: reported, the layer's length is kept */
+                } else {
+                    const bool bad = kvt__page_rebuild(
+                        pool, kvt__arena_block(&pool->tier[KVT_TIER_DEVICE], s->dev_block[e]),
+                        rows, s->acc + lh * 3u * D,
+                        kvt__arena_block(&pool->meta, s->meta_slot[e]));
+                    s->res[e] = (uint8_t)((s->res[e] & ~KVT__RES_NONFINITE) |
+                                          (bad ? KVT__RES_NONFINITE : 0));
+                }
             }
             if (kvt__topk_past(s, lh, np))
                 s->sel.topk_k[lh] = 0; /* it named a dropped page: rerank */
@@ -316,8 +353,10 @@ KVT_API int kvt_seq_truncate(kvt_pool *pool, kvt_seq_id seq, uint32_t n_tokens)
                 s->tier.off_next[lh] = q;
             kvt__disk_trim_seq(pool, s, lh, np);
         }
+        if (rc)
+            break;
         s->n_tokens[l] = n_tokens;
     }
     free(cp);
-    return 0;
+    return rc;
 }

@@ -30,8 +30,22 @@ typedef struct kvt__backend {
     void (*pool_fini)(kvt_pool *p);
     /* kvt_pool_check's part: the backend's own copies of the tables match. */
     int (*check)(const kvt_pool *p);
-    /* Copies n bytes of backend memory (KVT__BE_DEVICE_REMOTE) to the host. */
+    /* Copies n bytes of backend memory (KVT__BE_DEVICE_REMOTE) to the host,
+     * and host bytes into backend memory. */
     int (*read)(const kvt_pool *p, void *dst, const void *src, size_t n);
+    int (*write)(const kvt_pool *p, void *dst, const void *src, size_t n);
+    /* kvt_seq_fork: src's per-sequence backend state (open-page
+     * accumulators, kept top-K sets) becomes dst's; NULL: the host's. */
+    int (*seq_fork)(kvt_pool *p, const kvt__seq *src, kvt__seq *dst);
+    /* kvt_seq_truncate: the metadata, accumulators and non-finite bit of
+     * page (lh, page) rebuilt from its first count rows, whose metadata slot
+     * may be new (the backend's table copies follow); NULL: on the host
+     * (kvt__page_rebuild over the host-addressable device tier). */
+    int (*page_rebuild)(kvt_pool *p, kvt__seq *s, size_t lh, uint32_t page, uint32_t count);
+    /* Backend memory kvt_seq_append takes rows from (a restore's staging);
+     * NULL: host memory. */
+    int (*scratch)(kvt_pool *p, size_t bytes, void **ptr);
+    void (*scratch_free)(kvt_pool *p, void *ptr);
     /* Appends n checked rows of one layer (blocks known to be available;
      * all or nothing; sets the layer's length). Required. */
     int (*seq_append)(kvt_pool *p, kvt__seq *s, uint32_t layer, const void *k, const void *v,

@@ -125,6 +125,13 @@ KVT__HIDDEN int kvt__cup_slot_state(kvt_pool *p, kvt__seq *s, uint32_t kmax);
 KVT__HIDDEN int kvt__cup_items_up(void *d, const void *h, size_t bytes, void *stream);
 
 /* ---- the entries of kvt__backend_cuda (the table is in cuda_pool.c) ---------- */
+/* Shared pages and saved sequences (cuda_share.c). */
+KVT__HIDDEN int kvt__cuda_write(const kvt_pool *p, void *dst, const void *src, size_t n);
+KVT__HIDDEN int kvt__cuda_seq_fork(kvt_pool *p, const kvt__seq *src, kvt__seq *dst);
+KVT__HIDDEN int kvt__cuda_page_rebuild(kvt_pool *p, kvt__seq *s, size_t lh, uint32_t page,
+                                       uint32_t count);
+KVT__HIDDEN int kvt__cuda_scratch(kvt_pool *p, size_t bytes, void **ptr);
+KVT__HIDDEN void kvt__cuda_scratch_free(kvt_pool *p, void *ptr);
 /* After the arenas' ids exist (bases unset): checks what the backend
  * serves, allocates device memory, sets the device and metadata bases. */
 KVT__HIDDEN int kvt__cuda_pool_init(struct kvt_pool *p, const kvt_pool_opts *o);

@@ -122,7 +122,7 @@ int kvt__cuda_step_plan(kvt_step *st, void *stream)
 int kvt__cuda_seq_pop(kvt_pool *p, kvt__seq *s, uint32_t layer)
 {
     struct kvt__cuda *c = p->cu;
-    const uint32_t H = p->g.n_kv_heads, D = p->g.head_dim, P = p->g.page_tokens;
+    const uint32_t H = p->g.n_kv_heads, P = p->g.page_tokens;
     const uint32_t n = s->n_tokens[layer];
     if (n == 0)
         return 0;
@@ -137,32 +137,12 @@ int kvt__cuda_seq_pop(kvt_pool *p, kvt__seq *s, uint32_t layer)
         kvt__append_unalloc(p, s, layer, 1);
         return 0;
     }
-    const size_t row = (size_t)D * p->elem;
-    uint8_t *rows = malloc((size_t)slot * row + 3 * row);
-    float *acc = malloc(3u * D * sizeof *acc);
-    if (!rows || !acc) {
-        free(rows);
-        free(acc);
-        return kvt__err(KVT_ENOMEM, "kvt_step_finish: cannot allocate to take an append back");
-    }
-    uint8_t *meta = rows + (size_t)slot * row;
-    const uint32_t seq_slot = kvt__cup_slot(p, s);
-    for (uint32_t h = 0; h < H && !rc; h++) {
-        const size_t lh = kvt__lh(p, layer, h), e = lh * s->cap_pages + pg;
-        const uint8_t *blk = kvt__arena_block(&p->tier[KVT_TIER_DEVICE], s->dev_block[e]);
-        if ((rc = kvt__cu_memcpy(rows, blk, (size_t)slot * row)))
-            break;
-        const bool bad = kvt__page_rebuild(p, rows, slot, acc, meta);
-        if ((rc = kvt__cu_memcpy(kvt__arena_block(&p->meta, s->meta_slot[e]), meta, 3 * row)) ||
-            (rc = kvt__cu_memcpy(c->d_acc + ((size_t)seq_slot * c->LH + lh) * 3u * D, acc,
-                                 3u * D * sizeof *acc)))
-            break;
-        s->res[e] = (uint8_t)((s->res[e] & ~KVT__RES_NONFINITE) | (bad ? KVT__RES_NONFINITE : 0));
-    }
+    /* The page's metadata and accumulators from the rows still stored
+     * (cuda_share.c, as a truncation does). */
+    for (uint32_t h = 0; h < H && !rc; h++)
+        rc = kvt__cuda_page_rebuild(p, s, kvt__lh(p, layer, h), pg, slot);
     if (!rc)
         s->n_tokens[layer] = pos;
-    free(rows);
-    free(acc);
     return rc;
 }
 

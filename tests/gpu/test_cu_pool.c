@@ -9,7 +9,7 @@
  * metadata bit for bit, kvt_pool_check on both, and the CUDA pool's
  * refusals of what it does not serve. Sequences are released and created
  * mid-run (slot reuse) and grow their tables (the GPU table heap moves
- * them). Exits 77 without a CUDA device; the -emu build runs it on the
+ * them); forks, truncations and saved streams (test_fork_truncate_stream). Exits 77 without a CUDA device; the -emu build runs it on the
  * CPU emulation. */
 #include <math.h>
 #include <stdbool.h>
@@ -328,6 +328,108 @@ static void test_partial_step_rollback(void **state)
     fx_close(&f);
 }
 
+/* A growing byte buffer for kvt_seq_save / kvt_seq_restore. */
+typedef struct {
+    uint8_t *b;
+    size_t n, at;
+} membuf;
+
+static int64_t mem_put(void *ctx, const void *buf, size_t len)
+{
+    membuf *m = ctx;
+    uint8_t *nb = realloc(m->b, m->n + len);
+    if (!nb)
+        return -1;
+    memcpy(nb + m->n, buf, len);
+    m->b = nb;
+    m->n += len;
+    return (int64_t)len;
+}
+
+static int64_t mem_get(void *ctx, void *buf, size_t len)
+{
+    membuf *m = ctx;
+    if (len > m->n - m->at)
+        len = m->n - m->at;
+    memcpy(buf, m->b + m->at, len);
+    m->at += len;
+    return (int64_t)len;
+}
+
+/* Forks, truncations and streams (issue 23) on both backends: sequence 2
+ * is a fork of sequence 0 (its open pages copied in GPU memory, its
+ * accumulators and kept top-K sets copied from the parent's slot), both
+ * decode, the parent is cut inside the page the child shares (the CUDA
+ * backend copies it and rebuilds its metadata from the GPU's rows) and the
+ * other at a page boundary; the pools then hold the same rows and
+ * metadata and keep deciding alike. The CUDA pool's stream of the fork is
+ * the CPU pool's byte for byte; restored into both pools (the rows staged
+ * in GPU memory), it decodes alike again. */
+static void test_fork_truncate_stream(void **state)
+{
+    (void)state;
+    fx f;
+    fx_open(&f, 0xf02cull, 3, 2);
+    const size_t kvn = NS * N_KV_HEADS * HEAD_DIM;
+    f.d_k = dev(kvn * sizeof(float));
+    f.d_v = dev(kvn * sizeof(float));
+    f.d_q = dev(NS * HQ * HEAD_DIM * sizeof(float));
+    f.d_out = dev(NS * HQ * HEAD_DIM * sizeof(float));
+    f.d_lse = dev(NS * HQ * sizeof(float));
+    new_seq(&f, 0, 70);
+    new_seq(&f, 1, 47);
+    new_seq(&f, 2, 20);
+    uint32_t reranked = 0;
+    run_step(&f, 0, false, false, &reranked); /* a selection to inherit */
+    TU_OK(kvt_seq_release(f.cpu, f.ic[2])); /* its slot goes to the fork */
+    TU_OK(kvt_seq_release(f.gpu, f.ig[2]));
+    TU_OK(kvt_seq_fork(f.cpu, f.ic[0], NULL, &f.ic[2]));
+    TU_OK(kvt_seq_fork(f.gpu, f.ig[0], NULL, &f.ig[2]));
+    same_contents(&f);
+    TU_CHECK(f.cpu);
+    TU_CHECK(f.gpu);
+    for (uint32_t step = 0; step < 4; step++)
+        run_step(&f, 0, false, false, &reranked);
+    same_contents(&f);
+    /* 75 tokens now: a cut at 40 falls inside page 2, which the fork
+     * shares; sequence 1 (52) is cut at the page boundary 48. */
+    TU_OK(kvt_seq_truncate(f.cpu, f.ic[0], 40));
+    TU_OK(kvt_seq_truncate(f.gpu, f.ig[0], 40));
+    TU_OK(kvt_seq_truncate(f.cpu, f.ic[1], 48));
+    TU_OK(kvt_seq_truncate(f.gpu, f.ig[1], 48));
+    same_contents(&f);
+    TU_CHECK(f.cpu);
+    TU_CHECK(f.gpu);
+    for (uint32_t step = 0; step < 4; step++)
+        run_step(&f, 0, false, false, &reranked);
+    same_contents(&f);
+    /* The streams. */
+    membuf sc = {0}, sg = {0};
+    TU_OK(kvt_seq_save(f.cpu, f.ic[2], mem_put, &sc));
+    TU_OK(kvt_seq_save(f.gpu, f.ig[2], mem_put, &sg));
+    assert_int_equal(sc.n, sg.n);
+    assert_memory_equal(sc.b, sg.b, sc.n);
+    TU_OK(kvt_seq_release(f.cpu, f.ic[2]));
+    TU_OK(kvt_seq_release(f.gpu, f.ig[2]));
+    TU_OK(kvt_seq_restore(f.cpu, NULL, mem_get, &sc, &f.ic[2]));
+    sc.at = 0;
+    TU_OK(kvt_seq_restore(f.gpu, NULL, mem_get, &sc, &f.ig[2]));
+    same_contents(&f);
+    TU_CHECK(f.cpu);
+    TU_CHECK(f.gpu);
+    for (uint32_t step = 0; step < 3; step++)
+        run_step(&f, 0, false, false, &reranked);
+    same_contents(&f);
+    TU_CHECK(f.cpu);
+    TU_CHECK(f.gpu);
+    free(sc.b);
+    free(sg.b);
+    void *d[] = {f.d_k, f.d_v, f.d_q, f.d_out, f.d_lse};
+    for (size_t i = 0; i < sizeof d / sizeof d[0]; i++)
+        kvt__cu_free(d[i]);
+    fx_close(&f);
+}
+
 int main(void)
 {
     GPU_SKIP_WITHOUT_DEVICE();
@@ -335,6 +437,7 @@ int main(void)
         cmocka_unit_test(test_pool_vs_cpu),
         cmocka_unit_test(test_prefill_after_finish),
         cmocka_unit_test(test_partial_step_rollback),
+        cmocka_unit_test(test_fork_truncate_stream),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -325,6 +325,14 @@ static void run_tiered(uint32_t delay_us)
     kvt_step *ds = NULL;
     TU_EXPECT_ERR(kvt_step_plan(f.gpu, f.ig, NS, &dso, &ds), KVT_ENOTSUP, "KVT_STEP_DENSE");
     assert_null(ds);
+    /* ... and a fork (not built there: the guard of shared device copies
+     * reads the host's selections); the CPU pool forks. */
+    kvt_seq_id child = 77;
+    TU_EXPECT_ERR(kvt_seq_fork(f.gpu, f.ig[0], NULL, &child), KVT_ENOTSUP, "host or disk");
+    assert_int_equal(child, KVT_SEQ_NONE);
+    TU_OK(kvt_seq_fork(f.cpu, f.ic[0], NULL, &child));
+    TU_OK(kvt_seq_release(f.cpu, child));
+    TU_CHECK(f.gpu);
     fx_free(&f);
 }
 
