@@ -1164,6 +1164,152 @@ static void test_fork_tiered(void **state)
     pfx_close(f);
 }
 
+/* Drops the host and device copies of seq i's unforced full pages that the
+ * disk holds (public moves), so the next steps read them from the disk. */
+static void disk_only(pfx *f, uint32_t i)
+{
+    const uint32_t np = pages_of(f->t[i].n);
+    for (uint32_t l = 0; l < N_LAYERS; l++)
+        for (uint32_t h = 0; h < N_KV_HEADS; h++)
+            for (uint32_t pg = 1; pg + 2 < np; pg++) {
+                uint8_t r = residency(f->p, f->t[i].id, l, h, pg);
+                kvt_fence fe;
+                if ((r & KVT_RES_DEVICE) && (r & KVT_RES_DISK)) {
+                    kvt_move mv = {f->t[i].id, l, h, pg, KVT_TIER_DEVICE, KVT_TIER_DISK,
+                                   KVT_MOVE_DROP_SOURCE};
+                    if (kvt_mover_submit(f->m, &mv, 1, 0, NULL, &fe))
+                        continue; /* forced or selected for a holder: it stays */
+                    TU_OK(kvt_mover_wait(f->m, fe, UINT64_MAX));
+                    r = residency(f->p, f->t[i].id, l, h, pg);
+                }
+                if ((r & KVT_RES_HOST) && (r & KVT_RES_DISK)) {
+                    kvt_move mv = {f->t[i].id, l, h, pg, KVT_TIER_HOST, KVT_TIER_DISK,
+                                   KVT_MOVE_DROP_SOURCE};
+                    TU_OK(kvt_mover_submit(f->m, &mv, 1, 0, NULL, &fe));
+                    TU_OK(kvt_mover_wait(f->m, fe, UINT64_MAX));
+                }
+            }
+}
+
+/* The same queries for every sequence: a parent and its fork select the
+ * same pages, so one holder's promotion is the other's page arriving. */
+static void same_q(pfx *f, uint32_t layer, float *q)
+{
+    (void)layer;
+    for (uint32_t x = 0; x < HQ * HEAD_DIM; x++)
+        q[x] = (float)(2.0 * tu_unit(&f->r));
+    for (uint32_t i = 1; i < f->ns; i++)
+        memcpy(q + (size_t)i * HQ * HEAD_DIM, q, HQ * HEAD_DIM * sizeof *q);
+}
+
+/* Holders of shared pages in one step (found by review): a page another
+ * holder is promoting is waited for before the decode reads it (every
+ * decode succeeds and matches the reference over the pages it selected,
+ * with the pages living only on disk before each step); a fork warms up
+ * right after its parent; a shared page whose copy-out failed goes out
+ * once when both holders step (no EBUSY at every finish); and a public
+ * move may not drop a page another holder keeps as its last page. */
+static void test_fork_holders_in_one_step(void **state)
+{
+    (void)state;
+    pheads ph = ph_uniform(3, 2, 1, 1, 1); /* interval 1: rerank every step */
+    pfx *f = pfx_open(&ph, 400, 400, 16ull << 20, 0x5eed);
+    pfx_add(f, 20 * PAGE_TOKENS + 5, KEYS_RANDOM);
+    TU_OK(wait_all(f));
+    disk_only(f, 0);
+    pfx_fork(f, 0);
+    TU_CHECK(f->p);
+    const step_args a = {.make_q = same_q};
+    step_res r;
+    for (int it = 0; it < 6; it++) {
+        disk_only(f, 0);
+        disk_only(f, 1);
+        pfx_step(f, &a, &r); /* fails on a decode error or a wrong output */
+        TU_OK(wait_all(f));
+    }
+    verify_all(f);
+    pfx_close(f);
+
+    /* Warm-up of a fork right after its parent's. */
+    ph = ph_uniform(3, 2, 1, 1, 4);
+    f = pfx_open(&ph, 400, 400, 16ull << 20, 0x5eee);
+    pfx_add(f, 20 * PAGE_TOKENS + 5, KEYS_RANDOM);
+    TU_OK(wait_all(f));
+    disk_only(f, 0);
+    pfx_fork(f, 0);
+    float *obs = malloc((size_t)N_LAYERS * 4 * HQ * HEAD_DIM * sizeof *obs);
+    for (size_t x = 0; x < (size_t)N_LAYERS * 4 * HQ * HEAD_DIM; x++)
+        obs[x] = (float)tu_unit(&f->r);
+    TU_OK(kvt_seq_warmup(f->p, f->t[0].id, obs, 4));
+    TU_OK(kvt_seq_warmup(f->p, f->t[1].id, obs, 4));
+    free(obs);
+    TU_OK(wait_all(f));
+    TU_CHECK(f->p);
+    pfx_close(f);
+
+    /* A copy-out that found the host full, then both holders step (every
+     * step reranks: the test's manual step leaves no top-K to model). */
+    const pheads ph1 = ph_uniform(3, 2, 1, 1, 1);
+    f = pfx_open(&ph1, 400, 120, 0, 0x5eef);
+    pfx_add(f, 10 * PAGE_TOKENS + 31, KEYS_RANDOM);
+    TU_OK(wait_all(f));
+    const uint32_t fr = pstats(f->p).tier[KVT_TIER_HOST].blocks_free;
+    pfx_add(f, (fr / NLH) * PAGE_TOKENS + 3, KEYS_RANDOM); /* fills the host */
+    TU_OK(wait_all(f));
+    pfx_release(f, 1);
+    pfx_add(f, (fr / NLH) * PAGE_TOKENS + 3, KEYS_RANDOM);
+    TU_OK(wait_all(f));
+    {   /* one step of the first: page 10 fills, no room to copy it out */
+        kvt_step_opts so;
+        TU_OK(kvt_step_opts_init(&so));
+        kvt_step *st;
+        TU_OK(kvt_step_plan(f->p, &f->t[0].id, 1, &so, &st));
+        uint16_t k[N_KV_HEADS * HEAD_DIM], v[N_KV_HEADS * HEAD_DIM];
+        float q[HQ * HEAD_DIM], out[HQ * HEAD_DIM], lse[HQ];
+        for (uint32_t l = 0; l < N_LAYERS; l++) {
+            for (uint32_t x = 0; x < N_KV_HEADS * HEAD_DIM; x++) {
+                k[x] = f16_moderate(&f->r);
+                v[x] = f16_moderate(&f->r);
+                f->t[0].k[l][(size_t)f->t[0].n * N_KV_HEADS * HEAD_DIM + x] = k[x];
+                f->t[0].v[l][(size_t)f->t[0].n * N_KV_HEADS * HEAD_DIM + x] = v[x];
+            }
+            for (uint32_t x = 0; x < HQ * HEAD_DIM; x++)
+                q[x] = (float)tu_unit(&f->r);
+            TU_OK(kvt_step_append(st, l, k, v, KVT_DTYPE_F16, 0));
+            TU_OK(kvt_step_attend(st, l, q, out, lse));
+        }
+        TU_EXPECT_ERR(kvt_step_finish(st), KVT_ENOSPC, "host tier");
+        f->t[0].n++;
+        TU_OK(wait_all(f));
+    }
+    const step_args one = {0};
+    pfx_fork(f, 0);
+    pfx_release(f, 1); /* the filler goes: room again */
+    for (int it = 0; it < 3; it++) {
+        pfx_step(f, &one, &r); /* pfx_step fails on a finish error */
+        TU_OK(wait_all(f));
+    }
+    for (uint32_t lh = 0; lh < NLH; lh++)
+        if (is_stable(f, lh))
+            assert_true(residency(f->p, f->t[0].id, lh / N_KV_HEADS, lh % N_KV_HEADS, 10) &
+                        KVT_RES_HOST);
+    pfx_close(f);
+
+    /* A page that is another holder's last page stays on the device. */
+    f = pfx_open(&ph, 400, 400, 16ull << 20, 0x5ef0);
+    pfx_add(f, 20 * PAGE_TOKENS + 5, KEYS_RANDOM);
+    TU_OK(wait_all(f));
+    pfx_fork(f, 0);
+    pfx_truncate(f, 1, 10 * PAGE_TOKENS); /* page 9: the child's last page */
+    TU_CHECK(f->p);
+    kvt_move mv = {f->t[0].id, 0, 0, 9, KVT_TIER_DEVICE, KVT_TIER_HOST, KVT_MOVE_DROP_SOURCE};
+    kvt_fence fe = 1;
+    TU_EXPECT_ERR(kvt_mover_submit(f->m, &mv, 1, 0, NULL, &fe), KVT_EINVAL, "shares");
+    TU_CHECK(f->p);
+    verify_all(f);
+    pfx_close(f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1174,7 +1320,7 @@ int main(void)
         cmocka_unit_test(test_enospc),
         cmocka_unit_test(test_sizing),            cmocka_unit_test(test_dirty_ranges),
         cmocka_unit_test(test_bad_input),         cmocka_unit_test(test_disk_small_host),
-        cmocka_unit_test(test_fork_tiered),
+        cmocka_unit_test(test_fork_tiered),         cmocka_unit_test(test_fork_holders_in_one_step),
     };
     return cmocka_run_group_tests(tests, tier_setup, tier_teardown);
 }

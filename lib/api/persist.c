@@ -317,8 +317,9 @@ KVT_API int kvt_seq_restore(kvt_pool *pool, const kvt_seq_opts *opts, kvt_read_f
         free(n_tokens);
         return rc;
     }
-    if (!o.max_tokens)
-        o.max_tokens = hd.max_tokens < pool->max_seq_tokens ? hd.max_tokens : pool->max_seq_tokens;
+    if (!o.max_tokens) /* the saved limit, within the pool's (0: the pool's) */
+        o.max_tokens = hd.max_tokens && hd.max_tokens < pool->max_seq_tokens
+                           ? hd.max_tokens : pool->max_seq_tokens;
     for (uint32_t l = 0; l < hd.n_layers; l++)
         if (n_tokens[l] > o.max_tokens) {
             rc = kvt__err(KVT_ERANGE, "stream n_tokens[%u]: %u is above the restored "

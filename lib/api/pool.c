@@ -234,7 +234,8 @@ KVT_API int kvt_pool_create(const kvt_pool_opts *opts, kvt_pool **out)
     /* Physical pages are named by their metadata slot: their reference
      * counts, and their disk slots. */
     p->pg_ref = calloc((size_t)meta_slots, sizeof *p->pg_ref);
-    if (!p->pg_ref) {
+    p->pg_mark = calloc((size_t)meta_slots, sizeof *p->pg_mark);
+    if (!p->pg_ref || !p->pg_mark) {
         rc = kvt__err(KVT_ENOMEM, "kvt_pool_create: cannot allocate the reference counts of "
                       "%llu pages", (unsigned long long)meta_slots);
         goto fail;
@@ -291,6 +292,7 @@ KVT_API void kvt_pool_destroy(kvt_pool *p)
     kvt__disk_close(p->disk);
     free(p->host_owner);
     free(p->pg_ref);
+    free(p->pg_mark);
     free(p->seqs);
     free(p->free_seq);
     free(p->scratch);

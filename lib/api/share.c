@@ -4,6 +4,7 @@
  * last holder lets it go, copies the partially filled last pages a fork
  * or a truncation must own, and keeps the per-sequence state (selection,
  * offload progress, disk extents) consistent with the new lengths. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -33,6 +34,8 @@ static int kvt__pool_write(const kvt_pool *p, void *dst, const void *src, size_t
 void kvt__page_letgo(kvt_pool *p, kvt__seq *s, size_t lh, uint32_t page)
 {
     const size_t e = lh * s->cap_pages + page;
+    if (!s->meta_slot[e])
+        return; /* an empty entry: nothing to let go */
     if (!kvt__page_unshare(p, s, lh, page))
         return; /* other sequences hold it: s's view is cleared */
     const uint8_t r = s->res[e];
@@ -91,6 +94,15 @@ static int kvt__page_copy(kvt_pool *p, const kvt__seq *s, size_t lh, uint32_t pa
         return kvt__err(KVT_ENOMEM, "cannot allocate a page buffer");
     *blk = kvt__arena_alloc(&p->tier[KVT_TIER_DEVICE]);
     *meta = new_meta ? kvt__arena_alloc(&p->meta) : s->meta_slot[e];
+    if (!*blk || !*meta) { /* counted free by the caller: cannot happen */
+        if (*blk)
+            kvt__arena_free(&p->tier[KVT_TIER_DEVICE], *blk);
+        if (new_meta && *meta)
+            kvt__arena_free(&p->meta, *meta);
+        *blk = 0;
+        free(buf);
+        return kvt__err(KVT_ENOSPC, "no device block or metadata slot left for a page copy");
+    }
     const uint8_t *m = kvt__arena_block(&p->meta, s->meta_slot[e]);
     int rc = kvt__page_read(p, s, lh, page, buf);
     if (!rc)
@@ -157,13 +169,33 @@ KVT_API int kvt_seq_fork(kvt_pool *pool, kvt_seq_id src, const kvt_seq_opts *opt
                         "blocks and metadata slots; %u and %u are free",
                         (unsigned long long)need, pool->tier[KVT_TIER_DEVICE].n_free,
                         pool->meta.n_free);
-    kvt_seq_id id;
-    if ((rc = kvt_seq_create(pool, &o, &id)))
-        return rc;
-    kvt__seq *c = &pool->seqs[kvt__seq_id_slot(id)];
-    if ((rc = kvt__seq_reserve(pool, c, kvt__pages_for(pool, longest))) ||
-        (s->sel.topk && (rc = kvt__seq_topk_reserve(pool, c, s->sel.topk_cap)))) {
-        kvt_seq_release(pool, id);
+    /* The open pages' copies first (they may fail on a remote backend),
+     * kept in cp[lh] = (block, metadata slot); then the sharing, which
+     * cannot fail. */
+    uint32_t *cp = calloc((size_t)L * H * 2u, sizeof *cp);
+    if (!cp)
+        return kvt__err(KVT_ENOMEM, "kvt_seq_fork: cannot allocate %u entries", L * H);
+    for (uint32_t l = 0; l < L && !rc; l++)
+        for (uint32_t h = 0; h < H && !rc && s->n_tokens[l] % P; h++) {
+            const size_t lh = kvt__lh(pool, l, h);
+            rc = kvt__page_copy(pool, s, lh, s->n_tokens[l] / P, &cp[2 * lh], &cp[2 * lh + 1],
+                                true);
+        }
+    kvt_seq_id id = KVT_SEQ_NONE;
+    kvt__seq *c = NULL;
+    if (!rc && !(rc = kvt_seq_create(pool, &o, &id))) {
+        c = &pool->seqs[kvt__seq_id_slot(id)];
+        if ((rc = kvt__seq_reserve(pool, c, kvt__pages_for(pool, longest))) ||
+            (s->sel.topk && (rc = kvt__seq_topk_reserve(pool, c, s->sel.topk_cap))))
+            kvt_seq_release(pool, id); /* nothing of it yet */
+    }
+    if (rc) {
+        for (size_t b = 0; b < (size_t)L * H; b++)
+            if (cp[2 * b]) {
+                kvt__arena_free(&pool->tier[KVT_TIER_DEVICE], cp[2 * b]);
+                kvt__arena_free(&pool->meta, cp[2 * b + 1]);
+            }
+        free(cp);
         return rc;
     }
     for (uint32_t l = 0; l < L; l++) {
@@ -175,18 +207,13 @@ KVT_API int kvt_seq_fork(kvt_pool *pool, kvt_seq_id src, const kvt_seq_opts *opt
                 c->tier.imp[lh * c->cap_pages + pg] = s->tier.imp[lh * s->cap_pages + pg];
                 c->tier.use[lh * c->cap_pages + pg] = s->tier.use[lh * s->cap_pages + pg];
             }
-            if (n % P) { /* the open page: a private copy (it is on the device) */
-                uint32_t blk, meta;
-                if ((rc = kvt__page_copy(pool, s, lh, full, &blk, &meta, true))) {
-                    kvt_seq_release(pool, id); /* (a GPU copy failed; host memory cannot) */
-                    return rc;
-                }
+            if (n % P) { /* the open page: the private copy */
                 const size_t e = lh * c->cap_pages + full;
-                c->dev_block[e] = blk;
-                c->meta_slot[e] = meta;
+                c->dev_block[e] = cp[2 * lh];
+                c->meta_slot[e] = cp[2 * lh + 1];
                 c->res[e] = (uint8_t)(KVT_RES_DEVICE |
                                       (s->res[lh * s->cap_pages + full] & KVT__RES_NONFINITE));
-                pool->pg_ref[meta] = 1;
+                pool->pg_ref[c->meta_slot[e]] = 1;
                 c->pages_in_tier[KVT_TIER_DEVICE]++;
                 pool->pages_in_tier[KVT_TIER_DEVICE]++;
                 kvt__dirty(pool, c, lh, full);
@@ -195,6 +222,7 @@ KVT_API int kvt_seq_fork(kvt_pool *pool, kvt_seq_id src, const kvt_seq_opts *opt
         }
         c->n_tokens[l] = n;
     }
+    free(cp);
     memcpy(c->acc, s->acc, (size_t)L * H * 3u * D * sizeof *c->acc);
     if (s->sel.topk) { /* the parent's selection: the child's first step need not rerank */
         for (size_t b = 0; b < (size_t)L * H; b++)
@@ -336,8 +364,11 @@ KVT_API int kvt_seq_truncate(kvt_pool *pool, kvt_seq_id seq, uint32_t n_tokens)
                 kvt__dirty(pool, s, lh, q);
                 /* The metadata, exactly as appending the kept rows made it. */
                 if (pool->be->page_rebuild) {
-                    if ((rc = pool->be->page_rebuild(pool, s, lh, q, rows)))
-                        break; /* a GPU fault: reported, the layer's length is kept */
+                    /* A GPU fault here is reported once the cut is done
+                     * (the page's old metadata, that of all its rows, still
+                     * bounds the kept ones; the accumulators may not). */
+                    const int r2 = pool->be->page_rebuild(pool, s, lh, q, rows);
+                    rc = rc ? rc : r2;
                 } else {
                     const bool bad = kvt__page_rebuild(
                         pool, kvt__arena_block(&pool->tier[KVT_TIER_DEVICE], s->dev_block[e]),
@@ -353,10 +384,14 @@ KVT_API int kvt_seq_truncate(kvt_pool *pool, kvt_seq_id seq, uint32_t n_tokens)
                 s->tier.off_next[lh] = q;
             kvt__disk_trim_seq(pool, s, lh, np);
         }
-        if (rc)
-            break;
         s->n_tokens[l] = n_tokens;
     }
     free(cp);
-    return rc;
+    if (rc) {
+        char why[256]; /* (the message buffer is the one kvt__err writes) */
+        snprintf(why, sizeof why, "%s", kvt_last_error());
+        return kvt__err(rc, "kvt_seq_truncate: cut to %u tokens, but a kept page's metadata "
+                        "could not be rebuilt (%s): release the sequence", n_tokens, why);
+    }
+    return 0;
 }

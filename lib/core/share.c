@@ -57,6 +57,25 @@ void kvt__page_share(kvt_pool *p, kvt__seq *s, kvt__seq *t, size_t lh, uint32_t 
     kvt__dirty(p, t, lh, page);
 }
 
+void kvt__page_claim_round(kvt_pool *p)
+{
+    if (++p->mark_round == 0) { /* wrapped: no mark may look current */
+        memset(p->pg_mark, 0, (size_t)p->meta.n_blocks * sizeof *p->pg_mark);
+        p->mark_round = 1;
+    }
+}
+
+bool kvt__page_claim(kvt_pool *p, const kvt__seq *s, size_t e)
+{
+    if (!kvt__page_shared(s, e))
+        return true;
+    uint32_t *m = &p->pg_mark[s->meta_slot[e]];
+    if (*m == p->mark_round)
+        return false;
+    *m = p->mark_round;
+    return true;
+}
+
 bool kvt__page_unshare(kvt_pool *p, kvt__seq *s, size_t lh, uint32_t page)
 {
     const size_t e = lh * s->cap_pages + page;

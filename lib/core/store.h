@@ -147,6 +147,8 @@ struct kvt_pool {
     struct kvt__cuda *cu;   /* CUDA backend state (lib/backend/cuda_pool.c), NULL = CPU */
     kvt__owner *host_owner; /* [host blocks]: one holder of the page */
     uint32_t *pg_ref;       /* [metadata slots] tables holding the physical page */
+    uint32_t *pg_mark;      /* [metadata slots] round that last claimed the page */
+    uint32_t mark_round;    /* kvt__page_claim_round */
     uint32_t clock;         /* advances with every step plan and mover batch */
 #define KVT__PHASES 16u
     uint32_t phase_live[KVT__PHASES]; /* live sequences per rerank phase */
@@ -240,6 +242,11 @@ KVT__HIDDEN void kvt__page_count(kvt_pool *p, kvt__seq *s, size_t lh, uint32_t p
  * view becomes a copy of s's and the reference count grows. */
 KVT__HIDDEN void kvt__page_share(kvt_pool *p, kvt__seq *s, kvt__seq *t, size_t lh,
                                  uint32_t page);
+/* Starts a round of claims: within it, kvt__page_claim returns true once per
+ * physical page, so a pass over several holders' tables (the offload's
+ * collection) names a shared page once. */
+KVT__HIDDEN void kvt__page_claim_round(kvt_pool *p);
+KVT__HIDDEN bool kvt__page_claim(kvt_pool *p, const kvt__seq *s, size_t e);
 /* Takes s's entry (lh, page) out of its page's holders and clears it;
  * returns true when s was the last holder (the caller frees the page's
  * blocks, disk slot and metadata slot: kvt__page_free). */

@@ -148,6 +148,11 @@ static int kvt__check_move(kvt_pool *p, const kvt_move *mv, uint32_t i, kvt__seq
                             "device copy of page %u of layer %u head %u, a sink or local page "
                             "(the pool's policy keeps them on device)", i, mv->page,
                             mv->layer, mv->kv_head);
+        if (kvt__held_elsewhere(p, s, lh, mv->page, false))
+            return kvt__err(KVT_EINVAL, "moves[%u].flags: KVT_MOVE_DROP_SOURCE would drop the "
+                            "device copy of page %u of layer %u head %u, which another "
+                            "sequence shares as a sink, local or last page", i, mv->page,
+                            mv->layer, mv->kv_head);
     }
     if (s->res[e] & KVT__RES_BUSY)
         return kvt__err(KVT_EBUSY, "moves[%u]: page %u of layer %u head %u already has a move "

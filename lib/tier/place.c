@@ -119,7 +119,10 @@ static int kvt__offload_collect(kvt_pool *p, kvt__seq *s, kvt_seq_id id, uint32_
                 const uint8_t r = s->res[lh * s->cap_pages + pg];
                 if (r & (KVT_RES_HOST | KVT_RES_DISK))
                     continue;
-                if ((r & KVT__RES_BUSY) || !(r & KVT_RES_DEVICE)) {
+                /* A shared page goes out once, by the first holder that
+                 * names it; the others look again in a later pass. */
+                if ((r & KVT__RES_BUSY) || !(r & KVT_RES_DEVICE) ||
+                    !kvt__page_claim(p, s, lh * s->cap_pages + pg)) {
                     next = next < pg ? next : pg;
                     continue;
                 }
@@ -182,6 +185,7 @@ int kvt__place_offload(kvt_pool *p, kvt__seq *const *seqs, const kvt_seq_id *ids
     kvt__mover_apply(p->mover);
     kvt__mvbuf b = {0};
     int rc = 0;
+    kvt__page_claim_round(p);
     for (uint32_t i = 0; i < n && !rc; i++) {
         kvt__seq *s;
         if (kvt__seq_lookup(p, ids[i], &s) != 0 || s != seqs[i])
@@ -238,7 +242,7 @@ static void kvt__trim(kvt_pool *p, kvt__seq *s, uint32_t layer, const uint32_t *
                 !(r & (KVT_RES_HOST | KVT_RES_DISK)))
                 continue;
             if (kvt__forced(pg, np, tokens, P, sink, local) || kvt__in_sorted(topk, ntop, pg) ||
-                kvt__held_elsewhere(p, s, lh, pg))
+                kvt__held_elsewhere(p, s, lh, pg, true))
                 continue;
             kvt__page_drop(p, s, e, KVT_TIER_DEVICE);
             p->pst.evicted++;
@@ -400,6 +404,14 @@ int kvt__place_forced_in(kvt_pool *p, kvt__seq *s, kvt_seq_id id, uint32_t n_tok
 void kvt__place_settle(kvt_pool *p, kvt__seq *s)
 {
     kvt__mover_drain_seq(p->mover, s);
+    /* Moves of shared pages that other holders submitted. */
+    for (uint32_t l = 0; p->mover && l < p->g.n_layers; l++)
+        for (uint32_t h = 0; h < p->g.n_kv_heads; h++) {
+            const size_t base = kvt__lh(p, l, h) * s->cap_pages;
+            for (uint32_t pg = 0; pg < kvt__pages_for(p, s->n_tokens[l]); pg++)
+                if (s->res[base + pg] & KVT__RES_BUSY)
+                    kvt__mover_drain_page(p->mover, s, base + pg);
+        }
     if (s->tier.wfence) { /* an earlier warm-up's batch no step consumed */
         int code = 0;
         kvt__mover_fence_done(p->mover, s->tier.wfence, &code);
@@ -499,7 +511,7 @@ int kvt__place_warmup(kvt_pool *pool, kvt__seq *s, kvt_seq_id seq, const float *
                         }
                     } else if (!want && (r & KVT_RES_DEVICE) && !(r & KVT__RES_BUSY) &&
                                (r & (KVT_RES_HOST | KVT_RES_DISK)) &&
-                               !kvt__held_elsewhere(pool, s, lh, pg)) {
+                               !kvt__held_elsewhere(pool, s, lh, pg, true)) {
                         if (pass == 0) {
                             n_drop++;
                         } else {

@@ -11,7 +11,7 @@
 #include "../policy/policy_int.h"
 
 
-bool kvt__held_elsewhere(kvt_pool *p, kvt__seq *s, size_t lh, uint32_t page)
+bool kvt__held_elsewhere(kvt_pool *p, kvt__seq *s, size_t lh, uint32_t page, bool selections)
 {
     if (!kvt__page_shared(s, lh * s->cap_pages + page) || !p->pol)
         return false;
@@ -24,7 +24,7 @@ bool kvt__held_elsewhere(kvt_pool *p, kvt__seq *s, size_t lh, uint32_t page)
         if (kvt__forced(page, kvt__pages_for(p, tokens), tokens, p->g.page_tokens,
                         p->pol->sink[lh], p->pol->local[lh]))
             return true;
-        if (t->sel.topk && t->sel.topk_k[lh]) {
+        if (selections && t->sel.topk && t->sel.topk_k[lh]) {
             const uint32_t *k = t->sel.topk + lh * t->sel.topk_cap;
             for (uint32_t i = 0; i < t->sel.topk_n[lh]; i++)
                 if (k[i] == page)
@@ -57,25 +57,33 @@ static bool kvt__reuse_off_device(const kvt_pool *p, const kvt__seq *s, uint32_t
     const uint32_t tokens = s->n_tokens[layer], np = kvt__pages_for(p, tokens);
     const uint32_t sink = p->pol->sink[lh], local = p->pol->local[lh];
     const uint8_t *res = s->res + lh * s->cap_pages;
+    /* (A shared page arriving may be another holder's move, which this
+     * sequence's decode does not wait for: it counts as away, so the head
+     * reranks and its recycle lands it.) */
+    const bool shares = s->share != NULL;
     const uint8_t here = KVT_RES_DEVICE | KVT__RES_INBOUND;
     const bool all = (uint64_t)k + sink + local >= np;
     uint32_t lo, hi; /* the forced pages: [0, lo) and [hi, np) */
     kvt__forced_span(np, tokens, p->g.page_tokens, sink, local, &lo, &hi);
+#define KVT__AWAY(pg)                                                                      \
+    (!(res[pg] & here) ||                                                                  \
+     (!(res[pg] & KVT_RES_DEVICE) && shares && s->share[lh * s->cap_pages + (pg)]))
     const uint32_t s_end = all ? np : lo;
     for (uint32_t pg = 0; pg < s_end; pg++)
-        if (!(res[pg] & here))
+        if (KVT__AWAY(pg))
             return true;
     if (all)
         return false;
     for (uint32_t pg = hi > lo ? hi : lo; pg < np; pg++)
-        if (!(res[pg] & here))
+        if (KVT__AWAY(pg))
             return true;
     if (s->sel.topk && s->sel.topk_k[lh]) {
         const uint32_t *t = s->sel.topk + lh * s->sel.topk_cap;
         for (uint32_t j = 0; j < s->sel.topk_n[lh]; j++)
-            if (t[j] < np && !(res[t[j]] & here))
+            if (t[j] < np && KVT__AWAY(t[j]))
                 return true;
     }
+#undef KVT__AWAY
     return false;
 }
 
@@ -159,6 +167,12 @@ int kvt__place_recycle_head(kvt_pool *p, kvt__seq *s, kvt_seq_id id, uint32_t se
         uint8_t r = s->res[e];
         if (selected) {
             ntop += !forced;
+            if ((r & KVT__RES_INBOUND) && kvt__page_shared(s, e)) {
+                /* On its way for this or another holder: the decode waits
+                 * only for this sequence's own fences, so land it now. */
+                kvt__mover_drain_page(p->mover, s, e);
+                r = s->res[e];
+            }
             if (r & KVT__RES_INBOUND)
                 continue; /* on its way (warm-up); the decode waits for it */
             if (!(r & KVT_RES_DEVICE) && (r & KVT__RES_BUSY)) {
@@ -171,7 +185,7 @@ int kvt__place_recycle_head(kvt_pool *p, kvt__seq *s, kvt_seq_id id, uint32_t se
                 pml[npro++] = pg;
         } else if ((r & KVT_RES_DEVICE) && !forced) {
             if (!(r & KVT__RES_BUSY) && (r & (KVT_RES_HOST | KVT_RES_DISK)) &&
-                !kvt__held_elsewhere(p, s, lh, pg))
+                !kvt__held_elsewhere(p, s, lh, pg, true))
                 ev[nev++] = (kvt__evc){s->tier.imp[e], pg};
             else
                 stuck++;

@@ -273,9 +273,10 @@ KVT__HIDDEN int kvt__place_recycle_head(kvt_pool *p, kvt__seq *s, kvt_seq_id id,
 /* Drops the copy of page e of s in `tier` (another copy exists). */
 KVT__HIDDEN void kvt__page_drop(kvt_pool *p, kvt__seq *s, size_t e, uint32_t tier);
 /* Whether another holder of the shared page (s, lh, page) needs its device
- * copy: the page is forced there, or in its current selection (recycle.c).
- * False for a page only s holds. */
-KVT__HIDDEN bool kvt__held_elsewhere(kvt_pool *p, kvt__seq *s, size_t lh, uint32_t page);
+ * copy: the page is forced there, or (with `selections`) in its current
+ * selection (recycle.c). False for a page only s holds. */
+KVT__HIDDEN bool kvt__held_elsewhere(kvt_pool *p, kvt__seq *s, size_t lh, uint32_t page,
+                                     bool selections);
 /* Shared by mover.c and mover_submit.c: queues op at the tail of a
  * priority queue; applies the moves the workers finished (caller thread). */
 KVT__HIDDEN void kvt__mover_q_push(kvt__op **head, kvt__op **tail, kvt__op *op);
