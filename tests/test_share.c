@@ -232,6 +232,26 @@ static void mseq_new(kvt_pool *p, mseq *m, uint32_t n, tu_rng *r)
     mseq_append(p, m, n, r);
 }
 
+/* Copies m's pages that live only on disk to the host (a dense decode
+ * reads host copies in place, not the disk); false when the host is full. */
+static bool fetch_to_host(kvt_pool *p, mseq *m)
+{
+    for (uint32_t l = 0; l < N_LAYERS; l++)
+        for (uint32_t h = 0; h < N_KV_HEADS; h++)
+            for (uint32_t pg = 0; pg < NPG(m->t.n); pg++) {
+                if (residency(p, m->t.id, l, h, pg) != KVT_RES_DISK)
+                    continue;
+                kvt_move mv = {m->t.id, l, h, pg, KVT_TIER_DISK, KVT_TIER_HOST, 0};
+                kvt_fence f;
+                int rc = kvt_mover_submit(mover_of(p), &mv, 1, 0, NULL, &f);
+                if (rc == KVT_ENOSPC)
+                    return false;
+                TU_OK(rc);
+                TU_OK(kvt_mover_wait(mover_of(p), f, UINT64_MAX));
+            }
+    return true;
+}
+
 /* ---- tests ----------------------------------------------------------------------- */
 
 static uint64_t dev_used(const kvt_pool *p)
@@ -299,8 +319,9 @@ static void test_fork_shares_and_diverges(void **state)
     kvt_pool_destroy(p);
 }
 
-/* Thousands of random fork / append / truncate / release / move operations
- * in a pool with host and disk tiers, against the rows and the model. */
+/* Thousands of random fork / append / truncate / release / move / step
+ * operations in a pool with host and disk tiers, against the rows, the
+ * model and (steps) double-precision attention. */
 static void test_random_ops(void **state)
 {
     (void)state;
@@ -312,9 +333,9 @@ static void test_random_ops(void **state)
     enum { NM = 8, OPS = 2500 };
     static mseq m[NM];
     memset(m, 0, sizeof m);
-    uint32_t counts[6] = {0};
+    uint32_t counts[7] = {0};
     for (uint32_t op = 0; op < OPS; op++) {
-        const uint32_t i = tu_below(&r, NM), kind = tu_below(&r, 6);
+        const uint32_t i = tu_below(&r, NM), kind = tu_below(&r, 7);
         mseq *x = &m[i];
         if (!x->live) {
             uint32_t src = tu_below(&r, NM);
@@ -338,6 +359,31 @@ static void test_random_ops(void **state)
         } else if (kind == 2 && tu_below(&r, 3) == 0) {
             mseq_release(p, x);
             counts[4]++;
+        } else if (kind == 6 && x->t.n + 1 < 700) {
+            /* A dense step over x and up to two more live sequences (forks
+             * of one another or not): each appends a token, and every
+             * layer's output is checked against the reference. */
+            mseq *sm[3] = {x};
+            uint32_t n = 1;
+            for (uint32_t j = 0; j < NM && n < 3; j++)
+                if (&m[j] != x && m[j].live && m[j].t.n + 1 < 700 && tu_below(&r, 2))
+                    sm[n++] = &m[j];
+            bool ok = true;
+            for (uint32_t j = 0; j < n && ok; j++)
+                ok = fetch_to_host(p, sm[j]);
+            /* (A later fetch may have evicted an earlier one's host copy.) */
+            for (uint32_t j = 0; j < n && ok; j++)
+                for (uint32_t l = 0; l < N_LAYERS && ok; l++)
+                    for (uint32_t h = 0; h < N_KV_HEADS && ok; h++)
+                        for (uint32_t pg = 0; pg < NPG(sm[j]->t.n) && ok; pg++)
+                            ok = residency(p, sm[j]->t.id, l, h, pg) != KVT_RES_DISK;
+            if (ok) {
+                for (uint32_t j = 0; j < n; j++)
+                    if (sm[j]->t.n % PAGE_TOKENS == 0) /* the step opens a page */
+                        model_append(sm[j], sm[j]->t.n, sm[j]->t.n + 1);
+                step_and_compare(p, sm, n, &r);
+                counts[6]++;
+            }
         } else {
             random_moves(p, x, &r, 1 + tu_below(&r, 12));
             counts[5]++;
@@ -356,8 +402,8 @@ static void test_random_ops(void **state)
     assert_int_equal(dev_used(p), 0);
     assert_int_equal(p->disk->n_ext_free, p->disk->n_ext);
     print_message("# %u ops: %u forks, %u creates, %u appends, %u truncates, %u releases, "
-                  "%u move batches\n", OPS, counts[0], counts[1], counts[2], counts[3],
-                  counts[4], counts[5]);
+                  "%u move batches, %u steps\n", OPS, counts[0], counts[1], counts[2],
+                  counts[3], counts[4], counts[5], counts[6]);
     kvt_pool_destroy(p);
 }
 
