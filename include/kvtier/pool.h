@@ -279,9 +279,7 @@ KVT_API int kvt_seq_page_meta_get(const kvt_pool *pool, kvt_seq_id seq, uint32_t
  * Pages are reference-counted: a fork shares every full page of the parent
  * (in every tier, with one copy of each), and a page is freed when the last
  * sequence holding it lets it go. None of these calls may run while a step
- * that includes the sequence is open (KVT_ESTATE). On the CUDA backend a
- * fork needs a device-only pool (KVT_ENOTSUP with host or disk tiers, not
- * built yet). */
+ * that includes the sequence is open (KVT_ESTATE). */
 
 /* A new sequence that shares every full page of src in every layer and KV
  * head; the partially filled last page of each (layer, head) is copied into

@@ -137,12 +137,6 @@ KVT_API int kvt_seq_fork(kvt_pool *pool, kvt_seq_id src, const kvt_seq_opts *opt
         return rc;
     if ((rc = kvt__seq_edit_ok(pool, s, "kvt_seq_fork")))
         return rc;
-    /* A shared page's device copy stays while another holder's selection
-     * holds it: the guard reads the host's selections, which a remote
-     * backend's pool with lower tiers keeps in its step (not built). */
-    if (kvt__lower_on_host(pool))
-        return kvt__err(KVT_ENOTSUP, "kvt_seq_fork: not built for %s pools with host or disk "
-                        "tiers yet (device-only pools fork)", kvt__backend_name(pool->backend));
     kvt_seq_opts o;
     if (opts) {
         if ((rc = kvt__opts_copy(&o, sizeof o, opts, KVT__SEQ_OPTS_V1, "opts")))

@@ -7,7 +7,9 @@
  * every page, a pinned host tier too small for the offloaded pages and a
  * disk tier, so pages are offloaded (device -> host -> disk), the host
  * cache drops pages to the disk, and reranks promote pages from host and
- * disk into evicted pages' blocks. Checked at every layer of every step:
+ * disk into evicted pages' blocks; mid-run a sequence is forked (its pages
+ * shared, in every tier) and the parent cut inside a shared page. Checked
+ * at every layer of every step:
  * every head's selection equal, the attention output and lse within 2e-5,
  * and every page's device block and residency equal (the host decides the
  * placement on both backends from the same selections and votes); after
@@ -292,6 +294,23 @@ static void run_tiered(uint32_t delay_us)
             prefill(&f, 2, 59);
         if (step == 15) /* a prefill chunk between steps */
             prefill(&f, 0, 200);
+        if (step == 5) { /* a fork of sequence 0 takes sequence 2's slot */
+            TU_OK(kvt_seq_release(f.cpu, f.ic[2]));
+            TU_OK(kvt_seq_release(f.gpu, f.ig[2]));
+            TU_OK(kvt_seq_fork(f.cpu, f.ic[0], NULL, &f.ic[2]));
+            TU_OK(kvt_seq_fork(f.gpu, f.ig[0], NULL, &f.ig[2]));
+            same_contents(&f);
+            TU_CHECK(f.gpu);
+        }
+        if (step == 7) { /* the parent is cut inside a page its fork shares */
+            uint32_t n;
+            TU_OK(kvt_seq_length_get(f.gpu, f.ig[0], 0, &n));
+            TU_OK(kvt_seq_truncate(f.cpu, f.ic[0], n - 37));
+            TU_OK(kvt_seq_truncate(f.gpu, f.ig[0], n - 37));
+            same_contents(&f);
+            TU_CHECK(f.cpu);
+            TU_CHECK(f.gpu);
+        }
         run_step(&f, step, &reranked);
     }
     __atomic_store_n(&kvt__cuda_mv_delay_us, 0u, __ATOMIC_RELAXED);
@@ -325,13 +344,6 @@ static void run_tiered(uint32_t delay_us)
     kvt_step *ds = NULL;
     TU_EXPECT_ERR(kvt_step_plan(f.gpu, f.ig, NS, &dso, &ds), KVT_ENOTSUP, "KVT_STEP_DENSE");
     assert_null(ds);
-    /* ... and a fork (not built there: the guard of shared device copies
-     * reads the host's selections); the CPU pool forks. */
-    kvt_seq_id child = 77;
-    TU_EXPECT_ERR(kvt_seq_fork(f.gpu, f.ig[0], NULL, &child), KVT_ENOTSUP, "host or disk");
-    assert_int_equal(child, KVT_SEQ_NONE);
-    TU_OK(kvt_seq_fork(f.cpu, f.ic[0], NULL, &child));
-    TU_OK(kvt_seq_release(f.cpu, child));
     TU_CHECK(f.gpu);
     fx_free(&f);
 }
