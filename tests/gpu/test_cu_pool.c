@@ -68,10 +68,19 @@ static void fx_open(fx *f, uint64_t seed, uint32_t top_k, uint32_t interval)
     so.rerank_interval = interval;
     TU_OK(kvt_selector_create(&g, &so, &f->sel));
     CU_OK(kvt__cu_stream_create(&f->stream, 0));
+    /* A step's k, v, q, out and lse in device memory. */
+    f->d_k = dev(NS * N_KV_HEADS * HEAD_DIM * sizeof(float));
+    f->d_v = dev(NS * N_KV_HEADS * HEAD_DIM * sizeof(float));
+    f->d_q = dev(NS * HQ * HEAD_DIM * sizeof(float));
+    f->d_out = dev(NS * HQ * HEAD_DIM * sizeof(float));
+    f->d_lse = dev(NS * HQ * sizeof(float));
 }
 
 static void fx_close(fx *f)
 {
+    void *d[] = {f->d_k, f->d_v, f->d_q, f->d_out, f->d_lse};
+    for (size_t i = 0; i < sizeof d / sizeof d[0]; i++)
+        kvt__cu_free(d[i]);
     kvt__cu_stream_destroy(f->stream);
     kvt_pool_destroy(f->cpu);
     kvt_pool_destroy(f->gpu);
@@ -121,11 +130,6 @@ static void test_pool_vs_cpu(void **state)
     TU_OK(kvt_pool_stats_get(f.gpu, &st));
     assert_int_equal(st.backend, KVT_BACKEND_CUDA);
     kvt_geometry g = {N_LAYERS, N_KV_HEADS, HQ, HEAD_DIM, PAGE_TOKENS, KVT_DTYPE_F16, {0, 0}};
-    f.d_k = dev(NS * N_KV_HEADS * HEAD_DIM * sizeof(float));
-    f.d_v = dev(NS * N_KV_HEADS * HEAD_DIM * sizeof(float));
-    f.d_q = dev(NS * HQ * HEAD_DIM * sizeof(float));
-    f.d_out = dev(NS * HQ * HEAD_DIM * sizeof(float));
-    f.d_lse = dev(NS * HQ * sizeof(float));
     new_seq(&f, 0, 37);
     new_seq(&f, 1, 100);
     new_seq(&f, 2, 250); /* past the first table capacity of 16 pages */
@@ -184,9 +188,6 @@ static void test_pool_vs_cpu(void **state)
     bad.cuda_device = 99;
     TU_EXPECT_ERR(kvt_pool_create(&bad, &p2), KVT_EINVAL, "cuda_device");
 
-    void *d[] = {f.d_k, f.d_v, f.d_q, f.d_out, f.d_lse};
-    for (size_t i = 0; i < sizeof d / sizeof d[0]; i++)
-        kvt__cu_free(d[i]);
     fx_close(&f);
 }
 
@@ -284,11 +285,6 @@ static void test_partial_step_rollback(void **state)
     fx f;
     fx_open(&f, 0x5ba11ull, 3, 2);
     const size_t kvn = NS * N_KV_HEADS * HEAD_DIM;
-    f.d_k = dev(kvn * sizeof(float));
-    f.d_v = dev(kvn * sizeof(float));
-    f.d_q = dev(NS * HQ * HEAD_DIM * sizeof(float));
-    f.d_out = dev(NS * HQ * HEAD_DIM * sizeof(float));
-    f.d_lse = dev(NS * HQ * sizeof(float));
     new_seq(&f, 0, 37);
     new_seq(&f, 1, 47);
     new_seq(&f, 2, 48);
@@ -322,9 +318,6 @@ static void test_partial_step_rollback(void **state)
     same_contents(&f);
     TU_CHECK(f.cpu);
     TU_CHECK(f.gpu);
-    void *d[] = {f.d_k, f.d_v, f.d_q, f.d_out, f.d_lse};
-    for (size_t i = 0; i < sizeof d / sizeof d[0]; i++)
-        kvt__cu_free(d[i]);
     fx_close(&f);
 }
 
@@ -370,12 +363,6 @@ static void test_fork_truncate_stream(void **state)
     (void)state;
     fx f;
     fx_open(&f, 0xf02cull, 3, 2);
-    const size_t kvn = NS * N_KV_HEADS * HEAD_DIM;
-    f.d_k = dev(kvn * sizeof(float));
-    f.d_v = dev(kvn * sizeof(float));
-    f.d_q = dev(NS * HQ * HEAD_DIM * sizeof(float));
-    f.d_out = dev(NS * HQ * HEAD_DIM * sizeof(float));
-    f.d_lse = dev(NS * HQ * sizeof(float));
     new_seq(&f, 0, 70);
     new_seq(&f, 1, 47);
     new_seq(&f, 2, 20);
@@ -424,9 +411,6 @@ static void test_fork_truncate_stream(void **state)
     TU_CHECK(f.gpu);
     free(sc.b);
     free(sg.b);
-    void *d[] = {f.d_k, f.d_v, f.d_q, f.d_out, f.d_lse};
-    for (size_t i = 0; i < sizeof d / sizeof d[0]; i++)
-        kvt__cu_free(d[i]);
     fx_close(&f);
 }
 
