@@ -434,18 +434,6 @@ static double probe_pass(const uint8_t *buf, size_t bytes, uint32_t T, bool avx2
     return dt;
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, uint32_t n)
-{
-    qsort(v, n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 /* ---- JSON output -------------------------------------------------------------- */
 
 typedef struct case_row {
@@ -524,7 +512,7 @@ static double run_probe(const probe_state *ps, const char *when, uint32_t T, uin
     probe_pass(ps->buf, ps->bytes, T, ps->avx2);
     for (uint32_t r = 0; r < ps->reps; r++)
         v[r] = probe_pass(ps->buf, ps->bytes, T, ps->avx2);
-    double s = median(v, ps->reps);
+    double s = bench_median(v, ps->reps);
     size_t read = ps->bytes / T / 4096 * 4096 * T;
     double gbps = (double)read / s / 1e9;
     case_row r = {.kase = "probe", .when = when, .ctx = ctx, .kv_heads = kv_heads, .q_heads = q_heads,
@@ -675,7 +663,7 @@ static double measure(const pool_ctx *c, int kind, const kvt_selector *sel, doub
         check_outputs(c, kind_name[kind]);
     for (uint32_t r = 0; r < c->o->reps; r++)
         v[r] = run_pass(c, kind, sel, NULL);
-    return median(v, c->o->reps);
+    return bench_median(v, c->o->reps);
 }
 
 /* ---- --policy ------------------------------------------------------------------ */
@@ -761,8 +749,8 @@ static void measure_policy(const pool_ctx *c, const kvt_selector *sel, const kvt
         vs[r] = po.select_s;
         vt[r] = po.total_s;
     }
-    *select_s = median(vs, c->o->reps);
-    *total_s = median(vt, c->o->reps);
+    *select_s = bench_median(vs, c->o->reps);
+    *total_s = bench_median(vt, c->o->reps);
 }
 
 typedef struct summary {

@@ -61,18 +61,6 @@ typedef struct {
     uint64_t pages;      /* pages of the prompt (layers x heads x pages) */
 } fork_run;
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, uint32_t n)
-{
-    qsort(v, n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 /* A deterministic f16 pattern: small finite values. */
 static void fill_f16(uint16_t *b, size_t n, uint64_t seed)
 {
@@ -164,7 +152,7 @@ static void run_pool(const fork_opts *o, bool fork, const uint16_t *prompt, fork
         CHECK(kvt_step_finish(step));
         st[s] = bench_now() - t0;
     }
-    r->step_ms = median(st, o->steps) * 1e3;
+    r->step_ms = bench_median(st, o->steps) * 1e3;
     kvt_stats ps;
     ps.struct_size = sizeof ps;
     CHECK(kvt_pool_stats_get(pool, &ps));
@@ -262,8 +250,8 @@ int bench_fork_main(int argc, char **argv)
         step_r[run] = fr.step_ms / cr.step_ms;
         fork_us[run] = fr.build_s / o.children * 1e6 / ((double)fr.pages / 1000.0);
     }
-    const double b = median(bytes_r, o.runs), s = median(step_r, o.runs);
-    const double f = median(fork_us, o.runs);
+    const double b = bench_median(bytes_r, o.runs), s = bench_median(step_r, o.runs);
+    const double f = bench_median(fork_us, o.runs);
     printf("{\"summary\":\"fork\",\"ctx\":%u,\"children\":%u,\"steps\":%u,\"runs\":%u,"
            "\"fork_bytes_ratio\":%.4f,\"fork_bytes_target\":%.4f,\"fork_bytes_met\":%s,"
            "\"fork_us_per_1k_pages\":%.2f,"

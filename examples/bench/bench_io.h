@@ -16,6 +16,7 @@ int bench_fork_main(int argc, char **argv);
 
 /* Helpers both subcommands use. */
 #include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
@@ -72,6 +73,18 @@ static inline int bench_count(const char *s, unsigned long long lo, unsigned lon
         return -1;
     *out = v * mul;
     return 0;
+}
+
+/* The median of v[n] (sorts v). */
+static inline int bench_cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+static inline double bench_median(double *v, uint32_t n)
+{
+    qsort(v, n, sizeof *v, bench_cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 static inline double bench_now(void)
