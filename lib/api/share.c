@@ -340,20 +340,10 @@ KVT_API int kvt_seq_truncate(kvt_pool *pool, kvt_seq_id seq, uint32_t n_tokens)
                     s->pages_in_tier[KVT_TIER_DEVICE]++;
                     pool->pages_in_tier[KVT_TIER_DEVICE]++;
                 }
-                /* Its copies elsewhere would go stale with the next append. */
-                if (s->res[e] & KVT_RES_HOST) {
-                    pool->host_owner[s->host_block[e]].slot = UINT32_MAX;
-                    kvt__arena_free(&pool->tier[KVT_TIER_HOST], s->host_block[e]);
-                    s->host_block[e] = 0;
-                    s->res[e] &= (uint8_t)~KVT_RES_HOST;
-                    s->pages_in_tier[KVT_TIER_HOST]--;
-                    pool->pages_in_tier[KVT_TIER_HOST]--;
-                }
-                if (s->res[e] & KVT_RES_DISK) {
-                    s->res[e] &= (uint8_t)~KVT_RES_DISK;
-                    s->pages_in_tier[KVT_TIER_DISK]--;
-                    pool->pages_in_tier[KVT_TIER_DISK]--;
-                }
+                /* Its copies elsewhere would go stale with the next append
+                 * (the page is private now: the drops touch s alone). */
+                kvt__page_drop(pool, s, e, KVT_TIER_HOST);
+                kvt__page_drop(pool, s, e, KVT_TIER_DISK);
                 kvt__disk_page_free(pool, s->meta_slot[e]);
                 kvt__dirty(pool, s, lh, q);
                 /* The metadata, exactly as appending the kept rows made it. */
