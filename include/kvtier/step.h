@@ -5,7 +5,7 @@
  *
  *   kvt_step_plan(pool, seqs, n, &opts, &step);   // allocation happens here
  *   for each layer:
- *       kvt_step_append(step, layer, k, v, dtype, 0);   // one new token per sequence
+ *       kvt_step_append(step, layer, k, v, dtype, 0);   // n_new[i] tokens of sequence i
  *       kvt_step_attend(step, layer, q, out, lse);      // = kvt_step_select + kvt_step_decode
  *   kvt_step_finish(step);
  *
@@ -14,9 +14,17 @@
  * pages); the chunking depends only on the pages selected, so results do not
  * depend on the thread count.
  *
- * Layouts (f32): queries q and outputs out are [n_seqs][n_q_heads][head_dim]
- * in the order of the plan's sequences, lse is [n_seqs][n_q_heads]; query
- * head j belongs to KV head j / (n_q_heads / n_kv_heads).
+ * Layouts (f32): queries q and outputs out are [rows][n_q_heads][head_dim],
+ * lse is [rows][n_q_heads]; query head j belongs to KV head j / (n_q_heads /
+ * n_kv_heads). A step has one row per new token: sequence i of the plan
+ * owns rows row0(i) .. row0(i) + n_new[i] - 1, where row0(i) is the sum of
+ * n_new of the sequences before it (with kvt_step_opts.n_new NULL every
+ * sequence has one token, and rows = n_seqs). Query j of sequence i is the
+ * token at position T - n_new[i] + j of the layer, T the tokens the layer
+ * holds at the decode: it attends causally, to every token up to and
+ * including its own (the new tokens after it are masked), so a step of
+ * several tokens (speculative verification, a chunk of prefill) gives the
+ * rows a token-by-token decode would.
  *
  * CUDA backend (kvt_pool_opts.backend = KVT_BACKEND_CUDA): q, k, v, out and
  * lse MUST be device pointers (or pinned host memory mapped for the
@@ -82,15 +90,33 @@ typedef struct kvt_step_opts {
                                     in call order, and ignores it */
     float scale;                 /* softmax scale; 0 = 1/sqrt(head_dim) */
     uint32_t reserved;           /* must be zero */
+    /* Appended after the first layout (a struct_size of 48 reads these as
+     * zero: one token per sequence). */
+    const uint32_t *n_new;       /* [n_seqs] tokens sequence i appends and
+                                    queries in this step, each 1 ..
+                                    max_new; copied at the plan. NULL = one
+                                    token each */
+    uint32_t n_rows;             /* with n_new: the rows (tokens) the step's
+                                    k, v, q, out and lse arrays hold, which
+                                    must equal the sum of n_new (the plan
+                                    checks it). 0 without n_new */
+    uint32_t max_new;            /* the largest n_new[i] this plan accepts
+                                    (1 .. KVT_STEP_MAX_NEW); 0 =
+                                    KVT_STEP_MAX_NEW */
 } kvt_step_opts;
 
-#define KVT_STEP_OPTS_INIT { (uint32_t)sizeof(kvt_step_opts), 0u, NULL, NULL, NULL, NULL, 0.0f, 0u }
+/* The most tokens one sequence may carry in a step (kvt_step_opts.max_new). */
+#define KVT_STEP_MAX_NEW 8192u
+
+#define KVT_STEP_OPTS_INIT { (uint32_t)sizeof(kvt_step_opts), 0u, NULL, NULL, NULL, NULL, 0.0f, 0u, NULL, 0u, 0u }
 KVT_API int kvt_step_opts_init(kvt_step_opts *opts);
 
 /* Plans one decode step over n_seqs distinct live sequences: checks them
- * (KVT_ERANGE for one already at its max_tokens), reserves block-table room
- * and checks that the device tier and metadata store can take one more
- * token of every sequence in every layer (KVT_ENOSPC otherwise, so the
+ * (KVT_ERANGE for one whose n_new tokens would pass its max_tokens; KVT_EINVAL
+ * naming opts->n_new[i] for a count of 0 or above max_new, or opts->n_rows
+ * when it is not their sum), reserves block-table room
+ * and checks that the device tier and metadata store can take the step's
+ * tokens of every sequence in every layer (KVT_ENOSPC otherwise, so the
  * engine can preempt before the step; the blocks are checked, not set
  * aside), sizes all scratch, and decides which (sequence, layer, head)
  * rerank this step. The pool keeps the step's memory for the next plan.
@@ -108,10 +134,13 @@ KVT_API int kvt_step_plan(kvt_pool *pool, const kvt_seq_id *seqs, uint32_t n_seq
  * back. */
 KVT_API int kvt_step_finish(kvt_step *step);
 
-/* Appends one token per sequence to `layer` (as kvt_seq_append with
- * n_tokens = 1, on the calling thread): k and v hold, for sequence i,
- * n_kv_heads rows of head_dim elements starting at element i * seq_stride
- * (0 = n_kv_heads * head_dim). Once per layer and step, before that
+/* Appends the step's tokens to `layer` (n_new[i] of sequence i, as
+ * kvt_seq_append, on the calling thread): k and v hold, for step row r (see
+ * Layouts above; with one token per sequence, r is the sequence's index),
+ * n_kv_heads rows of head_dim elements starting at element r * seq_stride
+ * (0 = n_kv_heads * head_dim). In a tiered pool, a KVT_STEP_DENSE step's
+ * full pages are copied out as kvt_seq_append's are (a chunk of prefill).
+ * Once per layer and step, before that
  * layer's kvt_step_select (KVT_ESTATE otherwise, and in a step that
  * selected a layer before any append: that step appends nothing); the
  * first append of a step needs every sequence's layers at one length;
@@ -121,7 +150,10 @@ KVT_API int kvt_step_append(kvt_step *step, uint32_t layer, const void *k, const
 
 /* Selects the pages of `layer` for every (sequence, KV head): heads due for
  * a rerank are scored and reselected, the others reuse their last top-K
- * pages. A KVT_STEP_DENSE step selects every page. Once the step has
+ * pages. With several tokens, one selection per (sequence, KV head) serves
+ * all of them: every query row of the sequence votes (the selector's vote
+ * taken over n_new x G query heads), and the pages holding the new tokens
+ * are always selected. A KVT_STEP_DENSE step selects every page. Once the step has
  * appended a layer, a layer not yet appended is KVT_ESTATE.
  *
  * In a tiered pool (kvt_pool_opts.policy) this is the fused rerank/recycle:

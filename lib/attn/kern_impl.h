@@ -370,8 +370,9 @@ KVT__INLINE void kvt__vacc(kvt_dtype dt, uint32_t GB, const float *p, const uint
 
 /* ---- attention over a run of pages ---------------------------------------- */
 KVT__INLINE void kvt__attn_dt(kvt_dtype dt, const kvt__attn_shape *sh, const float *q,
-                              const uint8_t *const *blocks, const uint32_t *ntok, uint32_t n,
-                              float *m, float *l, float *acc, float *sbuf)
+                              const uint8_t *const *blocks, const uint32_t *ntok,
+                              const uint32_t *pos, const uint32_t *lim, uint32_t n, float *m,
+                              float *l, float *acc, float *sbuf)
 {
     const uint32_t G = sh->G, D = sh->D, P = sh->P;
     const size_t row = (size_t)D * (dt == KVT_DTYPE_F32 ? 4u : 2u);
@@ -395,14 +396,21 @@ KVT__INLINE void kvt__attn_dt(kvt_dtype dt, const kvt__attn_shape *sh, const flo
             kvt__kdot(dt, 1, q + (size_t)g * D, K, D, nt, sbuf + (size_t)g * P, P);
         for (g = 0; g < G; g++) {
             float *sg = sbuf + (size_t)g * P;
-            const float mx = kvt__rowmax(sg, nt);
+            /* Causal rows see the block's tokens before their limit only;
+             * the others weigh zero in the V pass. */
+            uint32_t vis = nt;
+            if (lim)
+                vis = lim[g] <= pos[i] ? 0 : kvt__min_u32(nt, lim[g] - pos[i]);
+            if (vis < nt)
+                memset(sg + vis, 0, (nt - vis) * sizeof *sg);
+            const float mx = vis ? kvt__rowmax(sg, vis) : -INFINITY;
             const float mnew = mx > m[g] ? mx : m[g];
             if (mnew == -INFINITY) { /* every score so far is -inf */
-                memset(sg, 0, nt * sizeof *sg);
+                memset(sg, 0, vis * sizeof *sg);
                 continue;
             }
             const float alpha = m[g] == mnew ? 1.0f : m[g] == -INFINITY ? 0.0f : expf(m[g] - mnew);
-            const float sum = kvt__expsum(sg, nt, mnew);
+            const float sum = kvt__expsum(sg, vis, mnew);
             l[g] = l[g] * alpha + sum;
             if (alpha != 1.0f) {
                 float *ag = acc + (size_t)g * D;
@@ -422,18 +430,18 @@ KVT__INLINE void kvt__attn_dt(kvt_dtype dt, const kvt__attn_shape *sh, const flo
 }
 
 static void kvt__attn(const kvt__attn_shape *sh, const float *q, const uint8_t *const *blocks,
-                      const uint32_t *ntok, uint32_t n, float *m, float *l, float *acc,
-                      float *sbuf)
+                      const uint32_t *ntok, const uint32_t *pos, const uint32_t *lim,
+                      uint32_t n, float *m, float *l, float *acc, float *sbuf)
 {
     switch (sh->dtype) {
     case KVT_DTYPE_F16:
-        kvt__attn_dt(KVT_DTYPE_F16, sh, q, blocks, ntok, n, m, l, acc, sbuf);
+        kvt__attn_dt(KVT_DTYPE_F16, sh, q, blocks, ntok, pos, lim, n, m, l, acc, sbuf);
         break;
     case KVT_DTYPE_BF16:
-        kvt__attn_dt(KVT_DTYPE_BF16, sh, q, blocks, ntok, n, m, l, acc, sbuf);
+        kvt__attn_dt(KVT_DTYPE_BF16, sh, q, blocks, ntok, pos, lim, n, m, l, acc, sbuf);
         break;
     default:
-        kvt__attn_dt(KVT_DTYPE_F32, sh, q, blocks, ntok, n, m, l, acc, sbuf);
+        kvt__attn_dt(KVT_DTYPE_F32, sh, q, blocks, ntok, pos, lim, n, m, l, acc, sbuf);
         break;
     }
 }

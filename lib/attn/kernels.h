@@ -15,10 +15,13 @@ typedef struct kvt__kernels {
     /* Online-softmax attention of G prescaled queries q [G][D] over n
      * blocks (ntok[i] valid tokens each). Updates the running maximum m[G],
      * denominator l[G] and unnormalised output acc[G][D]; sbuf holds
-     * [G][P] floats of scratch. */
+     * [G][P] floats of scratch. With lim (causal rows; NULL: none), row g
+     * sees only the tokens at positions below lim[g], block i's first token
+     * being at position pos[i]. (G here is any number of query rows: a
+     * step of several tokens passes n_new x G.) */
     void (*attn)(const kvt__attn_shape *sh, const float *q, const uint8_t *const *blocks,
-                 const uint32_t *ntok, uint32_t n, float *m, float *l, float *acc,
-                 float *sbuf);
+                 const uint32_t *ntok, const uint32_t *pos, const uint32_t *lim, uint32_t n,
+                 float *m, float *l, float *acc, float *sbuf);
     /* Scores n pages (metadata slots) for G queries into S[g * stride + i]:
      * MINMAX with qa = max(q, 0), qb = min(q, 0); MEAN with qa = q. */
     void (*score)(const kvt__attn_shape *sh, uint32_t method, const float *qa,

@@ -27,10 +27,12 @@ KVT__HIDDEN void kvt__sel_scratch_carve(kvt__sel_scratch *sc, void *mem, uint32_
                                         uint32_t np);
 /* Checks that sel fits the pool's geometry (KVT_EINVAL naming the field). */
 KVT__HIDDEN int kvt__selector_match(const kvt_selector *sel, const kvt_pool *p);
-/* Voted scores of the np pages of (s, layer, head) into sc->vote. */
+/* Voted scores of the np pages of (s, layer, head) into sc->vote: every
+ * query head of nq tokens votes (token j's G heads at q + j * qstride; the
+ * scratch carved for nq x G rows). */
 KVT__HIDDEN void kvt__sel_score(const kvt_selector *sel, const kvt_pool *p, const kvt__seq *s,
-                                uint32_t layer, uint32_t head, const float *q, uint32_t np,
-                                kvt__sel_scratch *sc);
+                                uint32_t layer, uint32_t head, const float *q, uint32_t nq,
+                                size_t qstride, uint32_t np, kvt__sel_scratch *sc);
 /* The selection rule over np pages of a sequence with `tokens` tokens:
  * sink, local and a partial last page forced, then the top k of the rest
  * by (vote desc, index asc). Writes the sorted selection to out (returns its

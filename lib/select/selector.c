@@ -233,19 +233,25 @@ void kvt__sel_scratch_carve(kvt__sel_scratch *sc, void *mem, uint32_t G, uint32_
 }
 
 void kvt__sel_score(const kvt_selector *sel, const kvt_pool *p, const kvt__seq *s,
-                    uint32_t layer, uint32_t head, const float *q, uint32_t np,
-                    kvt__sel_scratch *sc)
+                    uint32_t layer, uint32_t head, const float *q, uint32_t nq, size_t qstride,
+                    uint32_t np, kvt__sel_scratch *sc)
 {
-    const uint32_t G = p->g.n_q_heads / p->g.n_kv_heads, D = p->g.head_dim;
+    /* nq tokens' G query heads each: G' = nq x G rows vote together. */
+    const uint32_t G = p->g.n_q_heads / p->g.n_kv_heads * nq, D = p->g.head_dim;
+    const uint32_t G1 = G / nq;
     const kvt__attn_shape sh = {G, D, p->g.page_tokens, p->g.dtype};
-    const size_t GD = (size_t)G * D;
-    if (sel->method == KVT_SCORE_MINMAX) {
-        for (size_t i = 0; i < GD; i++) {
-            sc->qa[i] = q[i] > 0.0f ? q[i] : 0.0f;
-            sc->qb[i] = q[i] < 0.0f ? q[i] : 0.0f;
+    const size_t GD1 = (size_t)G1 * D;
+    for (uint32_t j = 0; j < nq; j++) {
+        const float *qj = q + (size_t)j * qstride;
+        float *qa = sc->qa + j * GD1, *qb = sc->qb + j * GD1;
+        if (sel->method == KVT_SCORE_MINMAX) {
+            for (size_t i = 0; i < GD1; i++) {
+                qa[i] = qj[i] > 0.0f ? qj[i] : 0.0f;
+                qb[i] = qj[i] < 0.0f ? qj[i] : 0.0f;
+            }
+        } else {
+            memcpy(qa, qj, GD1 * sizeof(float));
         }
-    } else {
-        memcpy(sc->qa, q, GD * sizeof(float));
     }
     const uint32_t *slots = s->meta_slot + kvt__lh(p, layer, head) * s->cap_pages;
     p->kern->score(&sh, sel->method, sc->qa, sc->qb, p->meta.base, p->meta.block_bytes, slots,
@@ -425,7 +431,7 @@ KVT_API int kvt_selector_select(const kvt_selector *sel, const kvt_pool *pool, k
     kvt__sel_scratch sc;
     kvt__sel_scratch_carve(&sc, mem, G, pool->g.head_dim, np);
     uint32_t *tmp = (uint32_t *)((uint8_t *)mem + kvt__sel_scratch_bytes(G, pool->g.head_dim, np));
-    kvt__sel_score(sel, pool, s, layer, kv_head, queries, np, &sc);
+    kvt__sel_score(sel, pool, s, layer, kv_head, queries, 1, 0, np, &sc);
     uint32_t n = kvt__sel_pick(np, tokens, pool->g.page_tokens, k, sink, local, sc.vote, NULL,
                                0, &sc, tmp, NULL, NULL);
     if (n > capacity) {

@@ -16,39 +16,48 @@
 #include "step_int.h"
 
 /* ---- sparse decode ------------------------------------------------------ */
+/* The part of task t: m [R], l [R], acc [R][D] for the R = n_new x G query
+ * rows of its (sequence, KV head). */
+static inline float *kvt__part(const kvt_step *st, uint32_t t)
+{
+    return st->part + st->task_part[t];
+}
+
 static void kvt__merge(kvt_step *st, uint32_t ih)
 {
     const uint32_t G = st->G, D = st->D, i = ih / st->H, h = ih % st->H;
-    const size_t pf = 2u * (size_t)G + (size_t)G * D;
+    const uint32_t R = st->nnew[i] * G;
     const uint32_t t0 = st->task0[ih], nt = st->ntask[ih];
-    float *out = st->out + ((size_t)i * st->Hq + (size_t)h * G) * D;
-    float *lse = st->lse ? st->lse + (size_t)i * st->Hq + (size_t)h * G : NULL;
-    for (uint32_t g = 0; g < G; g++) {
+    for (uint32_t x = 0; x < R; x++) {
+        /* Row x: token x / G of the sequence, query head h * G + x % G. */
+        const size_t row = (size_t)st->row0[i] + x / G, qh = (size_t)h * G + x % G;
+        float *o = st->out + (row * st->Hq + qh) * D;
+        float *lse = st->lse ? st->lse + row * st->Hq + qh : NULL;
+        const uint32_t g = x;
         float M = -INFINITY;
         bool nan = false;
         for (uint32_t t = 0; t < nt; t++) {
-            const float m = st->part[(t0 + t) * pf + g];
-            M = m > M ? m : M;
-            nan = nan || isnan(st->part[(t0 + t) * pf + G + g]);
+            const float *pt = kvt__part(st, t0 + t);
+            M = pt[g] > M ? pt[g] : M;
+            nan = nan || isnan(pt[R + g]);
         }
-        float *o = out + (size_t)g * D;
         if (nan) { /* a non-finite query or key (kvt__dec_task): no defined attention */
             for (uint32_t d = 0; d < D; d++)
                 o[d] = NAN;
             if (lse)
-                lse[g] = NAN;
+                *lse = NAN;
             continue;
         }
         memset(o, 0, D * sizeof *o);
         float Lsum = 0.0f;
         if (M != -INFINITY) {
             for (uint32_t t = 0; t < nt; t++) {
-                const float *pt = st->part + (t0 + t) * pf;
+                const float *pt = kvt__part(st, t0 + t);
                 if (pt[g] == -INFINITY)
                     continue;
                 const float w = expf(pt[g] - M);
-                Lsum += pt[G + g] * w;
-                const float *acc = pt + 2u * G + (size_t)g * D;
+                Lsum += pt[R + g] * w;
+                const float *acc = pt + 2u * R + (size_t)g * D;
                 for (uint32_t d = 0; d < D; d++)
                     o[d] += acc[d] * w;
             }
@@ -59,7 +68,7 @@ static void kvt__merge(kvt_step *st, uint32_t ih)
                 o[d] *= inv;
         }
         if (lse)
-            lse[g] = Lsum > 0.0f ? M + logf(Lsum) : -INFINITY;
+            *lse = Lsum > 0.0f ? M + logf(Lsum) : -INFINITY;
     }
 }
 
@@ -71,28 +80,37 @@ static void kvt__dec_task(void *ctx, uint32_t t, uint32_t thread)
     const uint32_t ih = st->task_ih[t], i = ih / st->H, h = ih % st->H;
     const kvt__seq *s = st->seqs[i];
     const uint32_t tokens = s->n_tokens[st->layer];
+    const uint32_t nn = st->nnew[i], R = nn * G; /* query rows: token-major */
     uint8_t *mem = st->tmem + (size_t)thread * st->tstride;
     float *qs = (float *)mem;
-    float *sbuf = qs + (size_t)G * D;
-    const uint8_t **blocks = (const uint8_t **)(void *)(sbuf + (size_t)G * P);
-    uint32_t *ntok = (uint32_t *)(void *)(blocks + KVT__CHUNK_PAGES);
-    const float *q = st->q + ((size_t)i * st->Hq + (size_t)h * G) * D;
+    float *sbuf = qs + (size_t)R * D;
+    uint32_t *lim = (uint32_t *)(void *)(sbuf + (size_t)R * P);
+    const uint8_t **blocks = (const uint8_t **)(void *)(lim + ((R + 1u) & ~1u));
+    const uint32_t n = st->task_count[t];
+    uint32_t *ntok = (uint32_t *)(void *)(blocks + n);
+    uint32_t *pos = ntok + n;
     bool qfin = true;
-    for (size_t j = 0; j < (size_t)G * D; j++) {
-        qs[j] = q[j] * st->scale;
-        qfin = qfin && isfinite(q[j]);
+    for (uint32_t j = 0; j < nn; j++) {
+        const float *q = st->q + (((size_t)st->row0[i] + j) * st->Hq + (size_t)h * G) * D;
+        float *qj = qs + (size_t)j * G * D;
+        for (size_t e = 0; e < (size_t)G * D; e++) {
+            qj[e] = q[e] * st->scale;
+            qfin = qfin && isfinite(q[e]);
+        }
+        /* Token j of the step is at position tokens - nn + j: it sees the
+         * tokens before it and itself. */
+        for (uint32_t g = 0; g < G; g++)
+            lim[j * G + g] = tokens + j + 1u > nn ? tokens + j + 1u - nn : 0u;
     }
 
-    const size_t pf = 2u * (size_t)G + (size_t)G * D;
-    float *m = st->part + (size_t)t * pf, *l = m + G, *acc = l + G;
-    for (uint32_t g = 0; g < G; g++) {
+    float *m = kvt__part(st, t), *l = m + R, *acc = l + R;
+    for (uint32_t g = 0; g < R; g++) {
         m[g] = -INFINITY;
         l[g] = 0.0f;
     }
-    memset(acc, 0, (size_t)G * D * sizeof *acc);
+    memset(acc, 0, (size_t)R * D * sizeof *acc);
 
     const uint32_t *sel = st->sel_pages + st->sel_off[ih] + st->task_first[t];
-    const uint32_t n = st->task_count[t];
     const size_t base = kvt__lh(p, st->layer, h) * s->cap_pages;
     bool kbad = false; /* a page holding a NaN or infinite key (set at append) */
     for (uint32_t j = 0; j < n; j++) {
@@ -109,22 +127,36 @@ static void kvt__dec_task(void *ctx, uint32_t t, uint32_t thread)
         }
         const uint32_t left = tokens - pg * P;
         ntok[j] = left < P ? left : P;
+        pos[j] = pg * P;
     }
-    const kvt__attn_shape sh = {G, D, P, p->g.dtype};
-    p->kern->attn(&sh, qs, blocks, ntok, n, m, l, acc, sbuf);
+    const kvt__attn_shape sh = {R, D, P, p->g.dtype};
+    /* One token: its row sees every stored token (the mask would not cut). */
+    p->kern->attn(&sh, qs, blocks, ntok, pos, nn > 1 ? lim : NULL, n, m, l, acc, sbuf);
     /* A non-finite query element (that head) or key (every head of the
      * group) has no defined attention: the part says so with l = NaN, and
      * the merge turns the head's output and lse NaN, never the zeros and
      * -inf that mean "no tokens", never a silently dropped token. */
-    for (uint32_t g = 0; !(qfin && !kbad) && g < G; g++) {
+    for (uint32_t g = 0; !(qfin && !kbad) && g < R; g++) {
         bool bad = kbad;
+        const float *q = st->q + (((size_t)st->row0[i] + g / G) * st->Hq + (size_t)h * G +
+                                  g % G) * D;
         for (uint32_t d = 0; !bad && d < D; d++)
-            bad = !isfinite(q[(size_t)g * D + d]);
+            bad = !isfinite(q[d]);
         if (bad)
             l[g] = NAN;
     }
     if (atomic_fetch_sub_explicit(&st->pending[ih], 1, memory_order_acq_rel) == 1)
         kvt__merge(st, ih);
+}
+
+/* Sequence i's rows of a decode that did not run: zeros, lse -infinity. */
+static void kvt__dec_empty(const kvt_step *st, uint32_t i, float *out, float *lse)
+{
+    const size_t r0 = st->row0[i], nr = st->nnew[i];
+    memset(out + r0 * st->Hq * st->D, 0, nr * st->Hq * st->D * sizeof *out);
+    if (lse)
+        for (size_t g = 0; g < nr * st->Hq; g++)
+            lse[r0 * st->Hq + g] = -INFINITY;
 }
 
 /* Builds and runs the decode tasks of the sequences whose round[i] equals
@@ -133,32 +165,37 @@ static int kvt__dec_round(kvt_step *st, const uint8_t *rnd, uint8_t round)
 {
     const uint32_t G = st->G, D = st->D;
     size_t nt = 0;
+    uint64_t pu = 0; /* floats of the part buffer handed out */
     for (uint32_t ih = 0; ih < st->n * st->H; ih++) {
         const uint32_t i = ih / st->H, h = ih % st->H;
         if (rnd && rnd[i] != round)
             continue;
+        const uint32_t R = st->nnew[i] * G, tp = kvt__task_pages(R);
+        const uint64_t pf = (uint64_t)R * (2u + D);
         const uint32_t cnt = st->sel_cnt[ih];
-        const uint32_t k = (cnt + KVT__CHUNK_PAGES - 1) / KVT__CHUNK_PAGES;
-        if (nt + k > st->cap_tasks)
-            return kvt__err(KVT_EINTERNAL, "step: decode needs more than the %zu tasks the "
-                            "plan sized", st->cap_tasks);
+        const uint32_t k = (cnt + tp - 1) / tp;
+        if (nt + k > st->cap_tasks || pu + k * pf > st->cap_part)
+            return kvt__err(KVT_EINTERNAL, "step: decode needs more than the %zu tasks (%zu "
+                            "floats of results) the plan sized", st->cap_tasks, st->cap_part);
         st->task0[ih] = (uint32_t)nt;
         st->ntask[ih] = k;
         atomic_store_explicit(&st->pending[ih], k, memory_order_relaxed);
         for (uint32_t c = 0; c < k; c++, nt++) {
             st->task_ih[nt] = ih;
-            st->task_first[nt] = c * KVT__CHUNK_PAGES;
-            st->task_count[nt] = cnt - c * KVT__CHUNK_PAGES < KVT__CHUNK_PAGES
-                                     ? cnt - c * KVT__CHUNK_PAGES
-                                     : KVT__CHUNK_PAGES;
+            st->task_first[nt] = c * tp;
+            st->task_count[nt] = cnt - c * tp < tp ? cnt - c * tp : tp;
+            st->task_part[nt] = pu;
+            pu += pf;
         }
-        if (k == 0) { /* no tokens in this layer */
-            memset(st->out + ((size_t)i * st->Hq + (size_t)h * G) * D, 0,
-                   (size_t)G * D * sizeof *st->out);
-            if (st->lse)
-                for (uint32_t g = 0; g < G; g++)
-                    st->lse[(size_t)i * st->Hq + (size_t)h * G + g] = -INFINITY;
-        }
+        if (k == 0) /* no tokens in this layer */
+            for (uint32_t j = 0; j < st->nnew[i]; j++) {
+                const size_t row = (size_t)st->row0[i] + j;
+                memset(st->out + (row * st->Hq + (size_t)h * G) * D, 0,
+                       (size_t)G * D * sizeof *st->out);
+                if (st->lse)
+                    for (uint32_t g = 0; g < G; g++)
+                        st->lse[row * st->Hq + (size_t)h * G + g] = -INFINITY;
+            }
     }
     if (nt)
         kvt__tp_run(&st->pool->tp, kvt__dec_task, st, (uint32_t)nt);
@@ -256,7 +293,7 @@ static int kvt__be_decode(kvt_step *st, uint32_t layer, const float *q, float *o
 static int kvt__io_disjoint(const kvt_step *st, const float *q, const float *out,
                             const float *lse)
 {
-    const size_t rows = (size_t)st->n * st->Hq;
+    const size_t rows = (size_t)st->rows * st->Hq;
     const size_t nq = rows * st->D * sizeof(float), nl = lse ? rows * sizeof(float) : 0;
     if (kvt__overlap(q, nq, out, nq))
         return kvt__err(KVT_EINVAL, "out: overlaps q (%zu bytes each); the decode reads q "
@@ -316,11 +353,7 @@ KVT_API int kvt_step_decode(kvt_step *st, uint32_t layer, const float *q, float 
         for (uint32_t i = 0; i < st->n; i++) {
             if (rnd[i] != 2)
                 continue;
-            memset(out + (size_t)i * st->Hq * st->D, 0,
-                   (size_t)st->Hq * st->D * sizeof *out);
-            if (lse)
-                for (uint32_t g = 0; g < st->Hq; g++)
-                    lse[(size_t)i * st->Hq + g] = -INFINITY;
+            kvt__dec_empty(st, i, out, lse);
         }
         if ((rc = kvt__dec_failed(st, layer, rnd)))
             return rc;
@@ -342,10 +375,7 @@ KVT_API int kvt_step_decode(kvt_step *st, uint32_t layer, const float *q, float 
             if (!miss)
                 continue;
             bad++;
-            memset(out + (size_t)i * st->Hq * st->D, 0, (size_t)st->Hq * st->D * sizeof *out);
-            if (lse)
-                for (uint32_t g = 0; g < st->Hq; g++)
-                    lse[(size_t)i * st->Hq + g] = -INFINITY;
+            kvt__dec_empty(st, i, out, lse);
         }
         return kvt__err(KVT_ESTATE, "sparse decode: a selected page of layer %u lives only on "
                         "disk (%u sequence%s: output zeros, lse -infinity); fetch it to the "

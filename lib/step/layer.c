@@ -35,12 +35,12 @@ KVT_API int kvt_step_append(kvt_step *st, uint32_t layer, const void *k, const v
         return kvt__err(KVT_EINVAL, "seq_stride: %llu is below n_kv_heads * head_dim = %llu",
                         (unsigned long long)seq_stride, (unsigned long long)dense);
     uint64_t span;
-    if (!kvt__mul_u64(seq_stride, st->n, &span) || !kvt__mul_u64(span, src_elem, &span) ||
+    if (!kvt__mul_u64(seq_stride, st->rows, &span) || !kvt__mul_u64(span, src_elem, &span) ||
         span > SIZE_MAX / 2)
-        return kvt__err(KVT_EOVERFLOW, "seq_stride: %u sequences x %llu elements overflow",
-                        st->n, (unsigned long long)seq_stride);
+        return kvt__err(KVT_EOVERFLOW, "seq_stride: %u rows x %llu elements overflow",
+                        st->rows, (unsigned long long)seq_stride);
     {
-        const size_t ext = (size_t)(((uint64_t)(st->n - 1) * seq_stride + dense) * src_elem);
+        const size_t ext = (size_t)(((uint64_t)(st->rows - 1) * seq_stride + dense) * src_elem);
         if ((rc = kvt__not_in_pool(p, k, ext, "k")) || (rc = kvt__not_in_pool(p, v, ext, "v")))
             return rc;
     }
@@ -66,15 +66,14 @@ KVT_API int kvt_step_append(kvt_step *st, uint32_t layer, const void *k, const v
     uint64_t need = 0;
     for (uint32_t i = 0; i < st->n; i++) {
         const kvt__seq *s = st->seqs[i];
-        const uint32_t t = s->n_tokens[layer];
-        if (t >= s->max_tokens)
-            return kvt__err(KVT_ERANGE, "step: sequence %u is at its limit of %u tokens", i,
-                            s->max_tokens);
-        if (kvt__pages_for(p, t + 1) > s->cap_pages)
+        const uint32_t t = s->n_tokens[layer], nn = st->nnew[i];
+        if ((uint64_t)t + nn > s->max_tokens)
+            return kvt__err(KVT_ERANGE, "step: sequence %u's %u token%s pass its limit of %u "
+                            "tokens (%u held)", i, nn, nn == 1 ? "" : "s", s->max_tokens, t);
+        if (kvt__pages_for(p, t + nn) > s->cap_pages)
             return kvt__err(KVT_EINTERNAL, "step: sequence %u's block table was not "
                             "reserved by the plan", i);
-        if (t % st->P == 0)
-            need += st->H;
+        need += (uint64_t)st->H * (kvt__pages_for(p, t + nn) - kvt__pages_for(p, t));
     }
     if (need > p->tier[KVT_TIER_DEVICE].n_free)
         return kvt__err(KVT_ENOSPC, "device tier: %llu blocks needed for layer %u, %u free",
@@ -106,10 +105,18 @@ KVT_API int kvt_step_append(kvt_step *st, uint32_t layer, const void *k, const v
         return 0;
     }
     for (uint32_t i = 0; i < st->n; i++) {
-        const size_t off = (size_t)i * seq_stride * src_elem;
+        const size_t off = (size_t)st->row0[i] * seq_stride * src_elem;
+        const uint32_t before = st->seqs[i]->n_tokens[layer];
         kvt__append_checked(p, st->seqs[i], layer, (const uint8_t *)k + off,
-                            (const uint8_t *)v + off, 1, src_dtype, dense);
-        st->expect[(size_t)i * st->L + layer]++;
+                            (const uint8_t *)v + off, st->nnew[i], src_dtype, seq_stride);
+        st->expect[(size_t)i * st->L + layer] += st->nnew[i];
+        /* A dense step in a tiered pool (a chunk of prefill): its full pages
+         * go out as kvt_seq_append's do; its decode reads the host copies
+         * in place. */
+        if (p->pol && !st->tiered && st->nnew[i] > 1) {
+            kvt__place_after_append(p, st->seqs[i], st->ids[i], layer, before);
+            kvt_clear_error();
+        }
     }
     st->appended[layer] = 1;
     st->n_appended++;
@@ -123,7 +130,7 @@ static void kvt__sel_task(void *ctx, uint32_t ih, uint32_t thread)
     const kvt_pool *p = st->pool;
     const uint32_t i = ih / st->H, h = ih % st->H, layer = st->layer;
     kvt__seq *s = st->seqs[i];
-    const uint32_t tokens = s->n_tokens[layer];
+    const uint32_t tokens = s->n_tokens[layer], nn = st->nnew[i];
     const uint32_t np = kvt__pages_for(p, tokens);
     uint32_t *out = st->sel_pages + st->sel_off[ih];
     st->sel_rr[ih] = 0;
@@ -135,17 +142,19 @@ static void kvt__sel_task(void *ctx, uint32_t ih, uint32_t thread)
     }
     const size_t b = (size_t)layer * st->H + h;
     const kvt_selector *sel = st->sel;
-    const uint32_t k = st->k[b], sink = st->sink[b], local = st->local[b];
+    const uint32_t k = st->k[b], sink = st->sink[b];
+    const uint32_t local = kvt__step_local(st->local[b], tokens, nn, st->P);
     kvt__sel_scratch sc;
-    kvt__sel_scratch_carve(&sc, st->tmem + (size_t)thread * st->tstride, st->G, st->D, np);
+    kvt__sel_scratch_carve(&sc, st->tmem + (size_t)thread * st->tstride, st->G * nn, st->D, np);
     const bool due = st->due[(size_t)i * st->L * st->H + b] != 0;
     /* The plan sized the store for this selector's largest K. */
     uint32_t *keep = s->sel.topk && (k <= s->sel.topk_cap || np <= s->sel.topk_cap)
                          ? s->sel.topk + b * s->sel.topk_cap
                          : NULL;
     if (due && np) {
-        kvt__sel_score(sel, p, s, layer, h, st->q + ((size_t)i * st->Hq + (size_t)h * st->G) * st->D,
-                       np, &sc);
+        kvt__sel_score(sel, p, s, layer, h,
+                       st->q + ((size_t)st->row0[i] * st->Hq + (size_t)h * st->G) * st->D, nn,
+                       (size_t)st->Hq * st->D, np, &sc);
         uint32_t nk = 0;
         st->sel_cnt[ih] = kvt__sel_pick(np, tokens, st->P, k, sink, local, sc.vote, NULL, 0,
                                         &sc, out, keep, &nk);
@@ -189,8 +198,9 @@ static int kvt__step_record(kvt_step *st, uint32_t layer)
                 continue;
             const uint32_t *sel = st->sel_pages + st->sel_off[ih];
             uint32_t nk = 0;
+            const uint32_t local = kvt__step_local(st->local[b], tokens, st->nnew[i], st->P);
             for (uint32_t j = 0; j < st->sel_cnt[ih]; j++)
-                if (!kvt__forced(sel[j], np, tokens, st->P, st->sink[b], st->local[b]))
+                if (!kvt__forced(sel[j], np, tokens, st->P, st->sink[b], local))
                     st->rec[nk++] = sel[j];
             /* Every forced page is selected: candidates = np - forced. */
             const uint32_t n_cand = np - (st->sel_cnt[ih] - nk);
@@ -407,11 +417,15 @@ int kvt__select(kvt_step *st, uint32_t layer, const float *q)
      * for the largest length a sequence can reach in this step. */
     size_t off = 0;
     for (uint32_t i = 0; i < st->n; i++) {
-        const uint32_t np = kvt__pages_for(st->pool, st->seqs[i]->n_tokens[layer]);
+        const uint32_t tokens = st->seqs[i]->n_tokens[layer];
+        const uint32_t np = kvt__pages_for(st->pool, tokens);
         for (uint32_t h = 0; h < st->H; h++) {
             const size_t b = (size_t)layer * st->H + h;
             st->sel_off[(size_t)i * st->H + h] = (uint32_t)off;
-            off += dense ? np : kvt__sel_bound(np, st->k[b], st->sink[b], st->local[b]);
+            off += dense ? np
+                         : kvt__sel_bound(np, st->k[b], st->sink[b],
+                                          kvt__step_local(st->local[b], tokens, st->nnew[i],
+                                                          st->P));
         }
     }
     if (off > st->cap_sel)

@@ -24,7 +24,9 @@
  * rejected, fields appended later read as zero for it. */
 #define KVT__STEP_OPTS_V1 (8u + 4u * sizeof(void *) + 8u)
 _Static_assert(offsetof(kvt_step_opts, reserved) + 4 == KVT__STEP_OPTS_V1 &&
-               sizeof(kvt_step_opts) == KVT__STEP_OPTS_V1, "step opts v1");
+               offsetof(kvt_step_opts, n_new) == KVT__STEP_OPTS_V1 &&
+               sizeof(kvt_step_opts) == KVT__STEP_OPTS_V1 + sizeof(void *) + 8u,
+               "step opts v1, then n_new, n_rows, max_new");
 #define KVT__KNOWN_STEP_FLAGS (KVT_STEP_DENSE)
 
 
@@ -124,6 +126,8 @@ size_t kvt__step_carve(kvt_step *st, const kvt__step_sizes *z, void *base)
 #define KVT__TAKE(field, count) st->field = kvt__wk_take(&w, (count), sizeof *st->field)
     KVT__TAKE(ids, z->n);
     KVT__TAKE(seqs, z->n);
+    KVT__TAKE(nnew, z->n);
+    KVT__TAKE(row0, z->n);
     KVT__TAKE(expect, z->nl);
     KVT__TAKE(due, z->nlh);
     KVT__TAKE(sel_off, z->nh);
@@ -145,6 +149,7 @@ size_t kvt__step_carve(kvt_step *st, const kvt__step_sizes *z, void *base)
     KVT__TAKE(task_ih, z->tasks);
     KVT__TAKE(task_first, z->tasks);
     KVT__TAKE(task_count, z->tasks);
+    KVT__TAKE(task_part, z->tasks);
     KVT__TAKE(part, z->part);
     KVT__TAKE(tmem, z->tmem);
     KVT__TAKE(rec, z->rec);
@@ -189,6 +194,32 @@ KVT_API int kvt_step_plan(kvt_pool *pool, const kvt_seq_id *seqs, uint32_t n_seq
                         o.flags & ~KVT__KNOWN_STEP_FLAGS);
     if (o.reserved)
         return kvt__err(KVT_EINVAL, "opts->reserved: must be zero");
+    if (o.max_new > KVT_STEP_MAX_NEW)
+        return kvt__err(KVT_EINVAL, "opts->max_new: %u is above KVT_STEP_MAX_NEW (%u)",
+                        o.max_new, KVT_STEP_MAX_NEW);
+    const uint32_t max_new = o.max_new ? o.max_new : KVT_STEP_MAX_NEW;
+    uint32_t rmax = 1;
+    if (o.n_new) {
+        uint64_t sum = 0;
+        for (uint32_t i = 0; i < n_seqs; i++) {
+            if (o.n_new[i] == 0 || o.n_new[i] > max_new)
+                return kvt__err(KVT_EINVAL, "opts->n_new[%u]: %u tokens; a sequence carries 1 "
+                                "to %u (opts->max_new) in a step", i, o.n_new[i], max_new);
+            sum += o.n_new[i];
+            rmax = o.n_new[i] > rmax ? o.n_new[i] : rmax;
+        }
+        if (sum != o.n_rows)
+            return kvt__err(KVT_EINVAL, "opts->n_rows: %u, but opts->n_new sums to %llu over "
+                            "the %u sequences (the rows of k, v, q and out)", o.n_rows,
+                            (unsigned long long)sum, n_seqs);
+        if (rmax > 1 && (pool->be_caps & KVT__BE_NO_MULTI))
+            return kvt__err(KVT_ENOTSUP, "opts->n_new: the CUDA backend takes one token per "
+                            "sequence and step in this release (n_new[i] up to %u given)",
+                            rmax);
+    } else if (o.n_rows) {
+        return kvt__err(KVT_EINVAL, "opts->n_rows: %u without opts->n_new (must be 0: one "
+                        "row per sequence)", o.n_rows);
+    }
     if (!(o.scale >= 0.0f) || isinf(o.scale))
         return kvt__err(KVT_EINVAL, "opts->scale: %g is not a finite value >= 0",
                         (double)o.scale);
@@ -278,22 +309,25 @@ KVT_API int kvt_step_plan(kvt_pool *pool, const kvt_seq_id *seqs, uint32_t n_seq
             imax = aiv[b] > imax ? aiv[b] : imax;
         }
     }
+    uint64_t part_total = 0; /* floats of the decode tasks' partial results */
+    const size_t lpart = 2u + (size_t)D; /* per query row: m, l and the output row */
     for (uint32_t i = 0; i < n_seqs; i++) {
         kvt__seq *s = ss[i];
+        const uint32_t nn = o.n_new ? o.n_new[i] : 1u;
         uint32_t tmax = 0;
         for (uint32_t l = 0; l < L; l++) {
             const uint32_t t = s->n_tokens[l];
             tmax = t > tmax ? t : tmax;
-            if (t % P == 0)
-                need += H;
+            if ((uint64_t)t + nn <= s->max_tokens)
+                need += (uint64_t)H * (kvt__pages_for(pool, t + nn) - kvt__pages_for(pool, t));
         }
-        if (tmax >= s->max_tokens) {
-            rc = kvt__err(KVT_ERANGE, "seqs[%u]: the sequence holds %u tokens, its limit "
-                          "(max_tokens %u); it cannot take the step's token", i, tmax,
-                          s->max_tokens);
+        if ((uint64_t)tmax + nn > s->max_tokens) {
+            rc = kvt__err(KVT_ERANGE, "seqs[%u]: the sequence holds %u tokens of its limit "
+                          "(max_tokens %u); it cannot take the step's %u token%s", i, tmax,
+                          s->max_tokens, nn, nn == 1 ? "" : "s");
             goto out_free;
         }
-        const uint32_t t1 = tmax + 1;
+        const uint32_t t1 = tmax + nn;
         const uint32_t np = kvt__pages_for(pool, t1);
         rc = kvt__seq_reserve(pool, s, np);
         if (rc)
@@ -308,9 +342,14 @@ KVT_API int kvt_step_plan(kvt_pool *pool, const kvt_seq_id *seqs, uint32_t n_seq
         np_max = np > np_max ? np : np_max;
         if (tiered)
             kvt__place_promote_bound(pool, s, ak, aiv, &need_pm, &pm_total);
-        const uint32_t b = dense ? np : kvt__sel_bound(np, kmax, smax, lmax);
+        /* The new tokens' pages are forced too: at most nn / P + 2 of them. */
+        const uint32_t lnew = nn > 1 ? lmax + (nn + P - 1) / P + 1u : lmax;
+        const uint32_t b = dense ? np : kvt__sel_bound(np, kmax, smax, lnew);
+        const uint32_t tp = kvt__task_pages(nn * G);
+        const uint64_t tasks = (uint64_t)((b + tp - 1) / tp) * H;
         sel_total += (uint64_t)b * H;
-        task_total += (uint64_t)((b + KVT__CHUNK_PAGES - 1) / KVT__CHUNK_PAGES) * H;
+        task_total += tasks;
+        part_total += tasks * nn * G * lpart;
     }
     if (tiered && need + need_pm > pool->tier[KVT_TIER_DEVICE].n_free) {
         /* Short: pages whose copy-out is still in flight cannot be evicted
@@ -345,15 +384,15 @@ KVT_API int kvt_step_plan(kvt_pool *pool, const kvt_seq_id *seqs, uint32_t n_seq
     kvt_step *st = NULL;
     if ((rc = kvt__step_next(pool, &st)))
         goto out_free;
-    const size_t part_floats = 2u * (size_t)G + (size_t)G * D;
-    size_t dec = ((size_t)G * D + (size_t)G * P) * sizeof(float) +
-                 KVT__CHUNK_PAGES * (sizeof(void *) + sizeof(uint32_t));
-    size_t selb = o.selector && !dense ? kvt__sel_scratch_bytes(G, D, np_max) : 0;
+    /* A decode task's scratch: its query rows and their scores of a page,
+     * the rows' causal limits, and the chunk's block pointers and counts. */
+    const size_t RG = (size_t)rmax * G;
+    size_t dec = (RG * D + RG * P) * sizeof(float) + (RG + 1) * sizeof(uint32_t) +
+                 (size_t)kvt__task_pages((uint32_t)RG) * (sizeof(void *) + 2 * sizeof(uint32_t));
+    size_t selb = o.selector && !dense ? kvt__sel_scratch_bytes((uint32_t)RG, D, np_max) : 0;
     size_t tstride = ((dec > selb ? dec : selb) + 63u) & ~(size_t)63u;
     const uint32_t nt = pool->tp.n_threads;
-    uint64_t part_n; /* the decode tasks' partial results, in floats */
-    if (!kvt__mul_u64(task_total, part_floats, &part_n))
-        part_n = UINT64_MAX; /* the carve reports the overflow */
+    const uint64_t part_n = part_total;
     const kvt__step_sizes z = {
         .n = n_seqs,
         .nl = (uint64_t)n_seqs * L,
@@ -389,6 +428,7 @@ KVT_API int kvt_step_plan(kvt_pool *pool, const kvt_seq_id *seqs, uint32_t n_seq
     kvt__step_carve(st, &z, st->wksp);
     st->cap_sel = (size_t)z.sel;
     st->cap_tasks = (size_t)z.tasks;
+    st->cap_part = (size_t)z.part;
     st->cap_pm = (size_t)z.pm;
 
     /* Everything is in place: fill the plan. */
@@ -413,6 +453,13 @@ KVT_API int kvt_step_plan(kvt_pool *pool, const kvt_seq_id *seqs, uint32_t n_seq
     st->tstride = tstride;
     memcpy(st->ids, seqs, (size_t)n_seqs * sizeof *seqs);
     memcpy(st->seqs, ss, (size_t)n_seqs * sizeof *ss);
+    st->rows = 0;
+    st->rmax = rmax;
+    for (uint32_t i = 0; i < n_seqs; i++) {
+        st->nnew[i] = o.n_new ? o.n_new[i] : 1u;
+        st->row0[i] = st->rows;
+        st->rows += st->nnew[i];
+    }
     memset(st->appended, 0, L);
     st->n_appended = 0;
     st->read_only = false;

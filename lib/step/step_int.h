@@ -26,6 +26,10 @@ struct kvt_step {
 
     kvt_seq_id *ids;          /* [n] */
     kvt__seq **seqs;          /* [n] */
+    /* Tokens per sequence (kvt_step_opts.n_new): rows = their sum, rmax the
+     * largest; sequence i owns rows row0[i] .. row0[i] + nnew[i] - 1. */
+    uint32_t *nnew, *row0;    /* [n] */
+    uint32_t rows, rmax;
     uint32_t *expect;         /* [n * L] tokens each layer should hold */
     uint8_t *due;             /* [n * L * H] rerank this step */
     uint8_t *appended;        /* [L] */
@@ -45,7 +49,9 @@ struct kvt_step {
     uint32_t *sel_pages;      /* [cap_sel] */
     size_t cap_tasks;
     uint32_t *task_ih, *task_first, *task_count; /* [cap_tasks] */
-    float *part;              /* [cap_tasks][2G + G*D] */
+    uint64_t *task_part;      /* [cap_tasks] offset of the task's part */
+    size_t cap_part;
+    float *part;              /* [cap_part] per task [2R + R*D], R = nnew[i]*G rows */
     uint32_t n_threads;
     size_t tstride;
     uint8_t *tmem;            /* [n_threads][tstride] */
@@ -79,6 +85,7 @@ typedef struct kvt__step_sizes {
     uint64_t n, nl, nh, nlh; /* sequences; x layers; x heads; x layers x heads */
     uint64_t sel, tasks, part, tmem, rec, pm, ev;
 } kvt__step_sizes;
+
 /* Points st's per-plan arrays into base (NULL: only sizes them); returns
  * the bytes they take, SIZE_MAX on overflow. */
 KVT__HIDDEN size_t kvt__step_carve(kvt_step *st, const kvt__step_sizes *z, void *base);
@@ -87,6 +94,29 @@ KVT__HIDDEN size_t kvt__step_carve(kvt_step *st, const kvt__step_sizes *z, void 
  * merge order) depends on the selection only, never on the thread count. */
 #define KVT__CHUNK_PAGES 32u
 #define KVT__NO_LAYER 0xffffffffu
+
+/* Pages per decode task of a sequence with `rows` query rows per KV head
+ * (n_new x G): KVT__CHUNK_PAGES, more for many rows so that a chunk of
+ * prefill keeps few partial results. Depends on the step only, never on the
+ * thread count. */
+static inline uint32_t kvt__task_pages(uint32_t rows)
+{
+    return KVT__CHUNK_PAGES * (rows <= 64u ? 1u : (rows + 63u) / 64u);
+}
+/* The `local` pages (full pages before a partial last one, which is
+ * forced anyway; lib/core/forced.h) of a selection over a layer holding
+ * `tokens` tokens, n_new of them this step's: the selector's `local`, or
+ * more so that every page holding a new token is forced. */
+static inline uint32_t kvt__step_local(uint32_t local, uint32_t tokens, uint32_t n_new,
+                                       uint32_t P)
+{
+    if (n_new <= 1 || tokens == 0)
+        return local;
+    const uint32_t first = (n_new < tokens ? tokens - n_new : 0) / P;
+    const uint32_t span = (tokens - 1) / P - first + 1u; /* pages holding new tokens */
+    const uint32_t need = span - (tokens % P != 0);
+    return need > local ? need : local;
+}
 
 /* The argument check every call that takes a step makes (plan.c): the step
  * is not NULL and is open; layer, seq_index and kv_head, unless KVT__ANY,

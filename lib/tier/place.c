@@ -471,7 +471,7 @@ int kvt__place_warmup(kvt_pool *pool, kvt__seq *s, kvt_seq_id seq, const float *
                 memset(imp, 0, (size_t)np * sizeof *imp);
                 for (uint32_t o = 0; o < n_obs; o++) {
                     const float *q = obs_queries + (((size_t)l * n_obs + o) * Hq + (size_t)h * G) * D;
-                    kvt__sel_score(pool->sel, pool, s, l, h, q, np, &sc);
+                    kvt__sel_score(pool->sel, pool, s, l, h, q, 1, 0, np, &sc);
                     for (uint32_t j = 0; j < np; j++)
                         imp[j] += sc.vote[j];
                 }

@@ -243,7 +243,7 @@ static void run_shape(const shape *sh, uint64_t seed)
             memset(acc, 0, (size_t)G * D * sizeof *acc);
             const kvt__attn_shape ash = {G, D, P, dt};
             if (np[i])
-                kvt__kern_portable.attn(&ash, qs, bp, ntok + items[i].pages_off, np[i], m, l, acc,
+                kvt__kern_portable.attn(&ash, qs, bp, ntok + items[i].pages_off, NULL, NULL, np[i], m, l, acc,
                                         sbuf);
             for (uint32_t g = 0; g < G; g++) {
                 for (uint32_t d = 0; d < D; d++)
