@@ -144,7 +144,7 @@ PROG_RPATH := -Wl,-rpath,'$$ORIGIN/../lib'
 # Tests of the public ABI link the shared library; tests of internal helpers
 # (kvt__*) link the static one.
 TESTS_SHARED := test_errors test_opts test_pool test_append test_random test_c_headers \
-                test_select test_decode test_step test_mover test_policy test_place
+                test_select test_decode test_step test_mover test_policy test_place test_multi
 TESTS_STATIC := test_convert test_crc32c test_mckp test_profiler test_contract
 # Static tests with the tier helpers (tests/tiertest.c).
 TESTS_STATIC_TIER := test_share
@@ -278,7 +278,7 @@ TEST_CFLAGS = -std=c11 -D_GNU_SOURCE -Iinclude -Ilib/core $(WARN) -Wno-conversio
 TIERTEST_SRCS  := tests/tiertest.c
 PLACETEST_SRCS := tests/placetest.c $(TIERTEST_SRCS)
 $(O)/tests/test_mover $(O)/tests/test_mover_faults: $(TIERTEST_SRCS)
-$(O)/tests/test_place $(O)/tests/test_place_faults: $(PLACETEST_SRCS)
+$(O)/tests/test_place $(O)/tests/test_place_faults $(O)/tests/test_multi: $(PLACETEST_SRCS)
 
 $(addprefix $(O)/tests/,$(TESTS_SHARED)): $(O)/tests/%: tests/%.c tests/testutil.h tests/tiertest.h \
                                            tests/placetest.h $(LIB_SO)
@@ -342,7 +342,7 @@ check-asan:
 # ThreadSanitizer over the tests that run the worker threads and the tier
 # mover (the CUDA emulation's fibers are not TSan-clean by design, so the
 # build is CUDA=0).
-TSAN_TESTS := test_decode test_step test_random test_contract test_mover test_place test_share
+TSAN_TESTS := test_decode test_step test_random test_contract test_mover test_place test_share test_multi
 check-tsan:
 	$(MAKE) O=$(O)/tsan SAN=thread CUDA=0 tsan-run
 tsan-run: $(addprefix $(O)/tests/,$(TSAN_TESTS))

@@ -113,6 +113,12 @@ static void kvt__dec_task(void *ctx, uint32_t t, uint32_t thread)
     const uint32_t *sel = st->sel_pages + st->sel_off[ih] + st->task_first[t];
     const size_t base = kvt__lh(p, st->layer, h) * s->cap_pages;
     bool kbad = false; /* a page holding a NaN or infinite key (set at append) */
+    /* A page on the disk tier only is read into the thread's bounce block
+     * (a dense step over offloaded pages); NULL marks it below. */
+    uint8_t *bounce = st->bounce_off ? (uint8_t *)(((uintptr_t)(mem + st->bounce_off) +
+                                                    KVT__DIO_ALIGN - 1) &
+                                                   ~(uintptr_t)(KVT__DIO_ALIGN - 1))
+                                     : NULL;
     for (uint32_t j = 0; j < n; j++) {
         const uint32_t pg = sel[j];
         const uint32_t db = s->dev_block[base + pg], hb = s->host_block[base + pg];
@@ -121,8 +127,11 @@ static void kvt__dec_task(void *ctx, uint32_t t, uint32_t thread)
             blocks[j] = kvt__arena_block(&p->tier[KVT_TIER_DEVICE], db);
         else if (hb) /* CPU backend: the host tier is readable in place */
             blocks[j] = kvt__arena_block(&p->tier[KVT_TIER_HOST], hb);
+        else if (bounce && (s->res[base + pg] & KVT_RES_DISK))
+            blocks[j] = NULL;
         else {
-            atomic_store(&st->err, 1);
+            int z = 0;
+            atomic_compare_exchange_strong(&st->err, &z, 1);
             blocks[j] = kvt__arena_block(&p->tier[KVT_TIER_DEVICE], 0); /* zeros */
         }
         const uint32_t left = tokens - pg * P;
@@ -131,7 +140,26 @@ static void kvt__dec_task(void *ctx, uint32_t t, uint32_t thread)
     }
     const kvt__attn_shape sh = {R, D, P, p->g.dtype};
     /* One token: its row sees every stored token (the mask would not cut). */
-    p->kern->attn(&sh, qs, blocks, ntok, pos, nn > 1 ? lim : NULL, n, m, l, acc, sbuf);
+    const uint32_t *lm = nn > 1 ? lim : NULL;
+    uint32_t j0 = 0;
+    for (uint32_t j = 0; j <= n; j++) {
+        if (j < n && blocks[j])
+            continue;
+        if (j > j0) /* the run of in-memory pages before j */
+            p->kern->attn(&sh, qs, blocks + j0, ntok + j0, pos + j0, lm, j - j0, m, l, acc, sbuf);
+        if (j < n) { /* page j from disk, in its place in the order */
+            const int rc = kvt__disk_read_into(p, kvt__disk_slot(p, s, base / s->cap_pages,
+                                                                 sel[j]), bounce);
+            if (rc) {
+                int z = 0;
+                atomic_compare_exchange_strong(&st->err, &z, rc);
+            } else {
+                const uint8_t *b1 = bounce;
+                p->kern->attn(&sh, qs, &b1, ntok + j, pos + j, lm, 1, m, l, acc, sbuf);
+            }
+        }
+        j0 = j + 1;
+    }
     /* A non-finite query element (that head) or key (every head of the
      * group) has no defined attention: the part says so with l = NaN, and
      * the merge turns the head's output and lse NaN, never the zeros and
@@ -358,9 +386,11 @@ KVT_API int kvt_step_decode(kvt_step *st, uint32_t layer, const float *q, float 
         if ((rc = kvt__dec_failed(st, layer, rnd)))
             return rc;
     }
-    if (atomic_load(&st->err)) {
-        /* A sequence with a selected page on disk only: its output is not
-         * the attention; zeros and lse -infinity, as after a failed copy. */
+    const int derr = atomic_load(&st->err);
+    if (derr) {
+        /* A sequence with a selected page on disk only (that could not be
+         * read): its output is not the attention; zeros and lse -infinity,
+         * as after a failed copy. */
         uint32_t bad = 0;
         for (uint32_t i = 0; i < st->n; i++) {
             const kvt__seq *s = st->seqs[i];
@@ -377,6 +407,11 @@ KVT_API int kvt_step_decode(kvt_step *st, uint32_t layer, const float *q, float 
             bad++;
             kvt__dec_empty(st, i, out, lse);
         }
+        if (derr < 0)
+            return kvt__err(derr, "sparse decode: reading a page of layer %u from the disk tier "
+                            "failed (%s; %u sequence%s read from disk: output zeros, lse "
+                            "-infinity)", layer, derr == KVT_ECORRUPT ? "checksum mismatch" :
+                            kvt_err_name(derr), bad, bad == 1 ? "" : "s");
         return kvt__err(KVT_ESTATE, "sparse decode: a selected page of layer %u lives only on "
                         "disk (%u sequence%s: output zeros, lse -infinity); fetch it to the "
                         "device or host tier (kvt_mover_submit) first", layer, bad,

@@ -391,6 +391,10 @@ KVT_API int kvt_step_plan(kvt_pool *pool, const kvt_seq_id *seqs, uint32_t n_seq
                  (size_t)kvt__task_pages((uint32_t)RG) * (sizeof(void *) + 2 * sizeof(uint32_t));
     size_t selb = o.selector && !dense ? kvt__sel_scratch_bytes((uint32_t)RG, D, np_max) : 0;
     size_t tstride = ((dec > selb ? dec : selb) + 63u) & ~(size_t)63u;
+    /* A disk tier: a bounce block for pages a decode reads from disk. */
+    const size_t bounce_off = pool->disk && !(pool->be_caps & KVT__BE_DEVICE_REMOTE) ? tstride : 0;
+    if (bounce_off)
+        tstride += (size_t)pool->disk->slot_bytes + KVT__DIO_ALIGN;
     const uint32_t nt = pool->tp.n_threads;
     const uint64_t part_n = part_total;
     const kvt__step_sizes z = {
@@ -451,6 +455,7 @@ KVT_API int kvt_step_plan(kvt_pool *pool, const kvt_seq_id *seqs, uint32_t n_seq
     st->P = P;
     st->n_threads = nt;
     st->tstride = tstride;
+    st->bounce_off = bounce_off;
     memcpy(st->ids, seqs, (size_t)n_seqs * sizeof *seqs);
     memcpy(st->seqs, ss, (size_t)n_seqs * sizeof *ss);
     st->rows = 0;

@@ -55,6 +55,8 @@ struct kvt_step {
     uint32_t n_threads;
     size_t tstride;
     uint8_t *tmem;            /* [n_threads][tstride] */
+    size_t bounce_off;        /* in a thread's tmem: room for one disk slot,
+                                 aligned for O_DIRECT (0 = no disk tier) */
 
     /* Tiered placement (a pool with a policy, not a dense step). */
     bool tiered;

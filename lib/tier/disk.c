@@ -295,6 +295,21 @@ void kvt__disk_free_seq(kvt_pool *p, kvt__seq *s)
     }
 }
 
+int kvt__disk_read_into(const kvt_pool *p, uint64_t slot, void *tmp)
+{
+    const kvt__disk *d = p->disk;
+    uint64_t off = slot * d->slot_bytes, got = 0;
+    while (got < d->slot_bytes) {
+        ssize_t r = pread(d->fd, (uint8_t *)tmp + got, d->slot_bytes - got, (off_t)(off + got));
+        if (r < 0 && (errno == EINTR || errno == EAGAIN))
+            continue;
+        if (r <= 0)
+            return r < 0 && errno == ENOMEM ? KVT_ENOMEM : KVT_EIO;
+        got += (uint64_t)r;
+    }
+    return kvt__crc32c(0, tmp, d->block_bytes) != d->crc[slot] ? KVT_ECORRUPT : 0;
+}
+
 int kvt__disk_read_page(const kvt_pool *p, uint64_t slot, void *buf)
 {
     const kvt__disk *d = p->disk;
@@ -302,22 +317,14 @@ int kvt__disk_read_page(const kvt_pool *p, uint64_t slot, void *buf)
     if (posix_memalign(&tmp, KVT__DIO_ALIGN, d->slot_bytes))
         return kvt__err(KVT_ENOMEM, "disk read: cannot allocate a %llu-byte buffer",
                         (unsigned long long)d->slot_bytes);
-    uint64_t off = slot * d->slot_bytes, got = 0;
-    int rc = 0;
-    while (got < d->slot_bytes) {
-        ssize_t r = pread(d->fd, (uint8_t *)tmp + got, d->slot_bytes - got, (off_t)(off + got));
-        if (r < 0 && (errno == EINTR || errno == EAGAIN))
-            continue;
-        if (r <= 0) {
-            rc = kvt__err(KVT_EIO, "disk read of slot %llu: %s", (unsigned long long)slot,
-                          r < 0 ? strerror(errno) : "unexpected end of file");
-            break;
-        }
-        got += (uint64_t)r;
-    }
-    if (!rc && kvt__crc32c(0, tmp, d->block_bytes) != d->crc[slot])
+    errno = 0;
+    int rc = kvt__disk_read_into(p, slot, tmp);
+    if (rc == KVT_ECORRUPT)
         rc = kvt__err(KVT_ECORRUPT, "disk read of slot %llu: CRC32C mismatch (the data is "
                       "not used)", (unsigned long long)slot);
+    else if (rc)
+        rc = kvt__err(rc, "disk read of slot %llu: %s", (unsigned long long)slot,
+                      errno ? strerror(errno) : "unexpected end of file");
     if (!rc)
         memcpy(buf, tmp, d->block_bytes);
     free(tmp);

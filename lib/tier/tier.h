@@ -67,6 +67,11 @@ KVT__HIDDEN void kvt__disk_free_seq(kvt_pool *p, kvt__seq *s);
 /* Synchronous read of one page from its slot into buf (block_bytes, any
  * alignment), verified against its CRC. */
 KVT__HIDDEN int kvt__disk_read_page(const kvt_pool *p, uint64_t slot, void *buf);
+/* The same into tmp (KVT__DIO_ALIGN-aligned, slot_bytes), allocating
+ * nothing and setting no error message (safe on the worker threads):
+ * returns 0, KVT_EIO, KVT_ENOMEM or KVT_ECORRUPT; the block is tmp's
+ * first block_bytes. */
+KVT__HIDDEN int kvt__disk_read_into(const kvt_pool *p, uint64_t slot, void *tmp);
 /* Invariant walk of the extents (called by kvt_pool_check). */
 KVT__HIDDEN int kvt__disk_check(const kvt_pool *p);
 /* Grows s->tier.disk_ext to cover cap_pages pages per (layer, head). */
