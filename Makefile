@@ -254,7 +254,8 @@ endif
 # The example decoder: OpenBLAS for the model's products, -O3 and
 # -fopenmp-simd so its small loops vectorise.
 DECODE_SRCS := examples/decode/main.c examples/decode/engine.c examples/decode/model.c \
-               examples/decode/gguf.c examples/decode/tokenizer.c examples/decode/session.c
+               examples/decode/gguf.c examples/decode/tokenizer.c examples/decode/session.c \
+               examples/decode/draft.c examples/decode/prefill_ab.c
 DECODE_HDRS := $(wildcard examples/decode/*.h)
 $(O)/bin/kvtier-decode: $(DECODE_SRCS) $(DECODE_HDRS) $(LIB_SO)
 	@mkdir -p $(dir $@)

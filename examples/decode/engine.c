@@ -35,17 +35,24 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+void work_init_rows(work *w, const model_cfg *c, uint32_t rows)
+{
+    const size_t r = rows ? rows : 1;
+    w->rows = (uint32_t)r;
+    w->x = xmalloc(r * c->dim * sizeof(float));
+    w->xb = xmalloc(r * (c->dim > c->hidden ? c->dim : c->hidden) * sizeof(float));
+    w->q = xmalloc(r * model_qdim(c) * sizeof(float));
+    w->att = xmalloc(r * model_qdim(c) * sizeof(float));
+    w->k = xmalloc(r * model_kvdim(c) * sizeof(float));
+    w->v = xmalloc(r * model_kvdim(c) * sizeof(float));
+    w->h1 = xmalloc(r * c->hidden * sizeof(float));
+    w->h3 = xmalloc(r * c->hidden * sizeof(float));
+    w->logits = xmalloc(r * c->vocab * sizeof(float));
+}
+
 void work_init(work *w, const model_cfg *c)
 {
-    w->x = xmalloc(c->dim * sizeof(float));
-    w->xb = xmalloc((c->dim > c->hidden ? c->dim : c->hidden) * sizeof(float));
-    w->q = xmalloc(model_qdim(c) * sizeof(float));
-    w->att = xmalloc(model_qdim(c) * sizeof(float));
-    w->k = xmalloc(model_kvdim(c) * sizeof(float));
-    w->v = xmalloc(model_kvdim(c) * sizeof(float));
-    w->h1 = xmalloc(c->hidden * sizeof(float));
-    w->h3 = xmalloc(c->hidden * sizeof(float));
-    w->logits = xmalloc(c->vocab * sizeof(float));
+    work_init_rows(w, c, 1);
 }
 
 void work_free(work *w)
@@ -104,12 +111,15 @@ void kv_open(kvcache *kc, const model *m, const engine_opts *o, int tiered, uint
     uint64_t block;
     CHECK(kvt_geometry_block_bytes(&po.geom, &block));
     /* The device tier from the sizing, plus room for one prefill chunk of
-     * new pages per KV head before they are copied out. */
-    po.device_bytes = kc->sz.device_bytes + (uint64_t)c->n_kv_heads * (512 / 16 + 1) * block;
+     * new pages per (layer, KV head) before they are copied out (a step
+     * plans every layer's pages at once). */
+    const uint64_t chunk_room = (uint64_t)c->n_layers * c->n_kv_heads *
+                                ((o->chunk > 512 ? o->chunk : 512) / 16 + 1) * block;
+    po.device_bytes = kc->sz.device_bytes + chunk_room;
     /* A restore appends every page into the device tier (the placement
      * moves them out as the steps go). */
     if (o->resume)
-        po.device_bytes = kc->sz.dense_bytes + (uint64_t)c->n_kv_heads * (512 / 16 + 1) * block;
+        po.device_bytes = kc->sz.dense_bytes + chunk_room;
     /* Each further sample: its copied last pages, the pages it grows and
      * (tiered) its own selection's promotions. */
     const uint64_t per = (uint64_t)(o->gen / 16 + 2) + (tiered ? o->budget / 16 + 4 : 0);
@@ -209,28 +219,44 @@ void engine_prefill(const model *m, const int32_t *tokens, uint32_t T, kvcache *
     free(h3);
 }
 
-/* One decode token at position pos through cache kc; logits out. */
-void engine_decode(const model *m, kvcache *kc, int32_t tok, uint32_t pos, work *w)
+/* n tokens at positions pos .. pos + n - 1 through cache kc as one step
+ * (kvt_step_opts.n_new = n): every product a GEMM over the n rows, and
+ * kvtier's append and causal attention per layer. */
+void engine_step(const model *m, kvcache *kc, const int32_t *toks, uint32_t n, uint32_t pos,
+                 int dense, int all_logits, work *w, float *obs, uint32_t n_obs, uint32_t obs_from)
 {
     const model_cfg *c = &m->c;
     const size_t d = c->dim, q = model_qdim(c), kv = model_kvdim(c);
+    if (n == 0 || n > w->rows) {
+        fprintf(stderr, PROG ": engine_step: %u rows, the buffers hold %u\n", n, w->rows);
+        exit(1);
+    }
     double t0 = now_s();
-    memcpy(w->x, m->tok_emb + (size_t)tok * d, d * sizeof *w->x);
+    for (uint32_t r = 0; r < n; r++)
+        memcpy(w->x + r * d, m->tok_emb + (size_t)toks[r] * d, d * sizeof *w->x);
     kvt_step_opts so;
     CHECK(kvt_step_opts_init(&so));
-    if (!kc->tiered)
+    if (dense)
         so.flags = KVT_STEP_DENSE;
+    if (n > 1) {
+        so.n_new = &n;
+        so.n_rows = n;
+    }
     kvt_step *st;
     double tp = now_s();
     CHECK(kvt_step_plan(kc->pool, &kc->seq, 1, &so, &st));
     kc->t_plan += now_s() - tp;
     for (uint32_t l = 0; l < c->n_layers; l++) {
-        model_rmsnorm(c, w->xb, w->x, m->rms_att + l * d, 1);
-        model_matmul(w->q, w->xb, m->wq + l * q * d, m->bq ? m->bq + l * q : NULL, 1, (uint32_t)q, c->dim);
-        model_matmul(w->k, w->xb, m->wk + l * kv * d, m->bk ? m->bk + l * kv : NULL, 1, (uint32_t)kv, c->dim);
-        model_matmul(w->v, w->xb, m->wv + l * kv * d, m->bv ? m->bv + l * kv : NULL, 1, (uint32_t)kv, c->dim);
-        model_rope(c, w->q, 1, c->n_heads, pos);
-        model_rope(c, w->k, 1, c->n_kv_heads, pos);
+        model_rmsnorm(c, w->xb, w->x, m->rms_att + l * d, n);
+        model_matmul(w->q, w->xb, m->wq + l * q * d, m->bq ? m->bq + l * q : NULL, n, (uint32_t)q, c->dim);
+        model_matmul(w->k, w->xb, m->wk + l * kv * d, m->bk ? m->bk + l * kv : NULL, n, (uint32_t)kv, c->dim);
+        model_matmul(w->v, w->xb, m->wv + l * kv * d, m->bv ? m->bv + l * kv : NULL, n, (uint32_t)kv, c->dim);
+        model_rope(c, w->q, n, c->n_heads, pos);
+        model_rope(c, w->k, n, c->n_kv_heads, pos);
+        for (uint32_t r = 0; obs && r < n; r++) /* the warm-up's observation queries */
+            if (pos + r >= obs_from && pos + r - obs_from < n_obs)
+                memcpy(obs + ((size_t)l * n_obs + (pos + r - obs_from)) * q, w->q + r * q,
+                       q * sizeof *obs);
         double ta = now_s();
         CHECK(kvt_step_append(st, l, w->k, w->v, KVT_DTYPE_F32, 0));
         double tb = now_s();
@@ -241,16 +267,51 @@ void engine_decode(const model *m, kvcache *kc, int32_t tok, uint32_t pos, work 
         kc->t_append += tb - ta;
         kc->t_select += tc - tb;
         kc->t_attend += td - tc;
-        model_matmul(w->xb, w->att, m->wo + l * d * q, NULL, 1, c->dim, (uint32_t)q);
-        for (size_t i = 0; i < d; i++)
+        model_matmul(w->xb, w->att, m->wo + l * d * q, NULL, n, c->dim, (uint32_t)q);
+        for (size_t i = 0; i < n * d; i++)
             w->x[i] += w->xb[i];
-        model_mlp(m, l, w->x, 1, w->xb, w->h1, w->h3);
+        model_mlp(m, l, w->x, n, w->xb, w->h1, w->h3);
     }
     tp = now_s();
     CHECK(kvt_step_finish(st));
     kc->t_plan += now_s() - tp;
-    model_rmsnorm(c, w->xb, w->x, m->rms_final, 1);
-    model_matmul(w->logits, w->xb, m->wcls, NULL, 1, c->vocab, c->dim);
+    const uint32_t r0 = all_logits ? 0 : n - 1, nr = n - r0;
+    model_rmsnorm(c, w->xb, w->x + (size_t)r0 * d, m->rms_final, nr);
+    model_matmul(w->logits, w->xb, m->wcls, NULL, nr, c->vocab, c->dim);
     kc->t_decode += now_s() - t0;
 }
 
+/* One decode token at position pos through cache kc; logits out. */
+void engine_decode(const model *m, kvcache *kc, int32_t tok, uint32_t pos, work *w)
+{
+    engine_step(m, kc, &tok, 1, pos, !kc->tiered, 0, w, NULL, 0, 0);
+}
+
+void engine_prefill_chunked(const model *m, const int32_t *tokens, uint32_t T, kvcache *kc,
+                            int nkc, uint32_t chunk, float *logits, float *obs, uint32_t n_obs,
+                            int show)
+{
+    const model_cfg *c = &m->c;
+    work w;
+    work_init_rows(&w, c, chunk < T ? chunk : T);
+    for (int i = 0; i < nkc; i++) {
+        /* The decode's timers count decode steps only: kvtier's share of
+         * the prefill (its calls) goes to t_prefill_kv. */
+        const kvcache saved = kc[i];
+        for (uint32_t p0 = 0; p0 < T; p0 += chunk) {
+            const uint32_t n = T - p0 < chunk ? T - p0 : chunk;
+            engine_step(m, &kc[i], tokens + p0, n, p0, 1, 0, &w, obs, n_obs, T - n_obs);
+            if (show)
+                progress("prefill", ((double)i * T + p0 + n) / ((double)nkc * T));
+        }
+        kc[i].t_prefill_kv += kc[i].t_plan - saved.t_plan + kc[i].t_append - saved.t_append +
+                              kc[i].t_select - saved.t_select + kc[i].t_attend - saved.t_attend;
+        kc[i].t_decode = saved.t_decode;
+        kc[i].t_plan = saved.t_plan;
+        kc[i].t_append = saved.t_append;
+        kc[i].t_select = saved.t_select;
+        kc[i].t_attend = saved.t_attend;
+    }
+    memcpy(logits, w.logits, c->vocab * sizeof *logits);
+    work_free(&w);
+}

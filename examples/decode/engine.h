@@ -19,6 +19,7 @@ typedef struct engine_opts {
     uint32_t samples;    /* sequences forked from the prompt's (1 = none) */
     uint32_t gen;        /* tokens each generates */
     int resume;          /* the cache is restored: every page lands on the device */
+    uint32_t chunk;      /* prefill chunk (tokens per kvtier step); 0 = the engine's GEMM */
 } engine_opts;
 
 /* ---- one KV cache: a pool and the sequence in it ----------------------------------- */
@@ -43,10 +44,12 @@ void kv_close(kvcache *kc);
 
 typedef struct work {
     float *x, *xb, *q, *k, *v, *att, *h1, *h3, *logits;
+    uint32_t rows; /* tokens a step through these buffers may carry */
 } work;
 
-/* Decode scratch for a model of configuration c. */
+/* Decode scratch for a model of configuration c: one row, or `rows`. */
 void work_init(work *w, const model_cfg *c);
+void work_init_rows(work *w, const model_cfg *c, uint32_t rows);
 void work_free(work *w);
 
 /* Prefill of tokens[0..T) into every cache of kc[nkc]: layer-major, every
@@ -58,5 +61,21 @@ void engine_prefill(const model *m, const int32_t *tokens, uint32_t T, kvcache *
                     float *logits, float *obs, uint32_t n_obs, int show, uint32_t nthreads);
 /* One decode token at position pos through cache kc; logits to w->logits. */
 void engine_decode(const model *m, kvcache *kc, int32_t tok, uint32_t pos, work *w);
+/* n tokens (n <= w->rows) at positions pos .. pos + n - 1 through cache kc
+ * as one kvtier step of n new tokens (dense: KVT_STEP_DENSE), every
+ * product a GEMM over the rows. Logits: of every row to w->logits
+ * [n][vocab] when all_logits, else of the last row. obs (may be NULL)
+ * receives the queries of the tokens at positions obs_from ..
+ * obs_from + n_obs - 1 that this step carries, [L][n_obs][H][hd]. */
+void engine_step(const model *m, kvcache *kc, const int32_t *toks, uint32_t n, uint32_t pos,
+                 int dense, int all_logits, work *w, float *obs, uint32_t n_obs,
+                 uint32_t obs_from);
+/* Prefill of tokens[0..T) through kvtier's own attention: dense steps of
+ * `chunk` new tokens each (kvt_step_opts.n_new), which attend to every
+ * cached page from whichever tier holds it; the same outputs as
+ * engine_prefill. Time in kc->t_prefill_kv. */
+void engine_prefill_chunked(const model *m, const int32_t *tokens, uint32_t T, kvcache *kc,
+                            int nkc, uint32_t chunk, float *logits, float *obs, uint32_t n_obs,
+                            int show);
 
 #endif /* KVTD_ENGINE_H */

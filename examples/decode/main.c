@@ -33,6 +33,8 @@
 #include <kvtier/kvtier.h>
 
 #include "gguf.h"
+#include "draft.h"
+#include "prefill_ab.h"
 #include "engine.h"
 #include "model.h"
 #include "session.h"
@@ -77,8 +79,8 @@ static double now_s(void)
 /* ---- options ------------------------------------------------------------------- */
 typedef struct opts {
     const char *model, *tokenizer, *prompt, *prompt_file, *policy, *disk, *save, *resume;
-    int tiered, compare, json, quiet;
-    uint32_t budget, threads, ctx, gen, prompt_tokens, samples;
+    int tiered, compare, json, quiet, prefill_ab;
+    uint32_t budget, threads, ctx, gen, prompt_tokens, samples, chunk, draft;
     uint64_t seed;
     float temp, top_p;
 } opts;
@@ -103,6 +105,12 @@ static const char usage[] =
     "  --seed N             sampling and synthetic-prompt seed (default 1)\n"
     "  --compare            run dense and tiered on the same prompt; report agreement\n"
     "  --samples N          N samples of the prompt, forks sharing its pages (with --temp)\n"
+    "  --chunk N            prefill through kvtier: dense steps of N new tokens each\n"
+    "                       (default 512); 0 = the engine's own GEMM attention\n"
+    "  --draft N            self-speculative greedy decoding: the cache's path drafts N\n"
+    "                       tokens, one dense step of N + 1 verifies them\n"
+    "  --prefill-ab         time the GEMM prefill against the chunked one (dense and\n"
+    "                       tiered caches), median of 3, then exit\n"
     "  --save FILE          save the session (KV cache and sampler) after generating\n"
     "  --resume FILE        continue a saved session (no prompt; same model)\n"
     "  --json               print one JSON summary line on stdout at the end\n"
@@ -126,6 +134,7 @@ static void parse(int argc, char **argv, opts *o)
     o->gen = 32;
     o->seed = 1;
     o->top_p = 1.0f;
+    o->chunk = 512;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
 #define ARG(name) (!strcmp(a, name) && (v || (die("%s needs a value", name), 0)) && ++i)
@@ -138,6 +147,8 @@ static void parse(int argc, char **argv, opts *o)
             o->json = 1;
         else if (!strcmp(a, "--quiet"))
             o->quiet = 1;
+        else if (!strcmp(a, "--prefill-ab"))
+            o->prefill_ab = 1;
         else if (ARG("--model"))
             o->model = v;
         else if (ARG("--tokenizer"))
@@ -169,6 +180,10 @@ static void parse(int argc, char **argv, opts *o)
             o->prompt_tokens = parse_u32(v, "--prompt-tokens");
         else if (ARG("--samples"))
             o->samples = parse_u32(v, "--samples");
+        else if (ARG("--chunk"))
+            o->chunk = parse_u32(v, "--chunk");
+        else if (ARG("--draft"))
+            o->draft = parse_u32(v, "--draft");
         else if (ARG("--save"))
             o->save = v;
         else if (ARG("--resume"))
@@ -197,6 +212,10 @@ static void parse(int argc, char **argv, opts *o)
         die("--compare runs one sample, without --save or --resume%s", "");
     if (o->resume && (o->prompt || o->prompt_file || o->prompt_tokens))
         die("--resume continues a saved session; it takes no prompt%s", "");
+    if (o->chunk > KVT_STEP_MAX_NEW)
+        die("--chunk: at most 8192 tokens a step%s", "");
+    if (o->draft && (o->draft > 64 || o->temp > 0 || o->samples > 1 || o->compare))
+        die("--draft N (1 to 64) runs greedy decoding of one sample, without --compare%s", "");
 }
 
 /* ---- sampling ------------------------------------------------------------------- */
@@ -378,7 +397,9 @@ int main(int argc, char **argv)
     kvcache kc[2];
     int nkc = o.compare ? 2 : 1;
     const engine_opts eo = {o.budget, o.threads, o.policy, o.disk, o.samples, o.gen,
-                            o.resume != NULL};
+                            o.resume != NULL, o.chunk};
+    if (o.prefill_ab)
+        return prefill_ab(&m, prompt, T, &eo, ctx, o.json);
     if (o.compare) {
         kv_open(&kc[0], &m, &eo, 0, ctx);
         kv_open(&kc[1], &m, &eo, 1, ctx);
@@ -406,6 +427,9 @@ int main(int argc, char **argv)
             die("%s", err);
         engine_decode(&m, &kc[0], ss.next_tok, have, &w);
         T = have + 1;
+    } else if (o.chunk) {
+        engine_prefill_chunked(&m, prompt, T, kc, nkc, o.chunk, w.logits, obs, n_obs,
+                               !o.quiet || T >= 4096);
     } else {
         engine_prefill(&m, prompt, T, kc, nkc, w.logits, obs, n_obs, !o.quiet || T >= 4096,
                        o.threads);
@@ -435,7 +459,8 @@ int main(int argc, char **argv)
         CHECK(kvt_seq_fork(kc[0].pool, sids[0], NULL, &sids[i]));
     float *logits0 = xmalloc(c->vocab * sizeof *logits0);
     memcpy(logits0, w.logits, c->vocab * sizeof *logits0);
-    uint32_t agree = 0, compared = 0;
+    uint32_t agree = 0, compared = 0, n_draft_out = 0;
+    draft_stats ds = {0, 0, 0, 0};
     double max_diff = 0;
     kvt_stats st0[2];
     for (int i = 0; i < nkc; i++) {
@@ -450,6 +475,19 @@ int main(int argc, char **argv)
         if (!o.quiet)
             printf("%s%s", o.samples > 1 ? (si ? "\n[sample] " : "[sample] ") : "",
                    tk ? "" : "ids:");
+        if (o.draft) { /* greedy, one sample: draft, verify, truncate */
+            work wd;
+            work_init_rows(&wd, c, o.draft + 1);
+            int32_t *toks = xmalloc((o.gen ? o.gen : 1) * sizeof *toks);
+            const uint32_t got = draft_generate(&m, &kc[0], tok, T, o.gen, o.draft,
+                                                tk ? tok_eos(tk) : -1, &wd, toks, &ds);
+            for (uint32_t j = 0; j < got && !o.quiet; j++)
+                emit(tk, j ? toks[j - 1] : -1, toks[j]);
+            n_draft_out = got;
+            free(toks);
+            work_free(&wd);
+            continue;
+        }
         for (uint32_t g2 = 0; g2 < o.gen; g2++) {
             if (!o.quiet) {
                 emit(tk, prev, tok);
@@ -492,7 +530,10 @@ int main(int argc, char **argv)
     }
 
     /* Summary. */
-    const uint32_t steps = (o.gen > 1 ? o.gen - 1 : 0) * o.samples; /* timed over all */
+    /* Tokens the timed steps produced: every generated token but the first
+     * (sampled from the prefill); with --draft, the verifications' output. */
+    const uint32_t steps = o.draft ? (n_draft_out > 1 ? n_draft_out - 1 : 0)
+                                   : (o.gen > 1 ? o.gen - 1 : 0) * o.samples;
     kvt_stats st[2];
     for (int i = 0; i < nkc; i++) {
         st[i].struct_size = sizeof st[i];
@@ -530,6 +571,11 @@ int main(int argc, char **argv)
             (double)ts->tier[KVT_TIER_HOST].bytes_used / 1048576,
             (double)ts->tier[KVT_TIER_DISK].bytes_used / 1048576, h2d / 1048576,
             steps ? h2d / 1024 / steps : 0, hit);
+    if (o.draft)
+        fprintf(stderr, "draft: %u verifications of up to %u drafted tokens: %u of %u accepted "
+                "(%.3f), %.2f tokens per verification\n", ds.verifies, o.draft, ds.accepted,
+                ds.drafted, ds.drafted ? (double)ds.accepted / ds.drafted : 0.0,
+                ds.verifies ? (double)ds.produced / ds.verifies : 0.0);
     if (o.compare) {
         fprintf(stderr, "compare: top-1 agreement %u/%u (%.3f), max |logit difference| %.4g\n",
                 agree, compared, compared ? (double)agree / compared : 1.0, max_diff);
@@ -552,6 +598,12 @@ int main(int argc, char **argv)
                T, steps, o.threads, o.budget, t_prefill, T / t_prefill, tps, dev, dense_bytes,
                dev / dense_bytes, (unsigned long long)ts->tier[KVT_TIER_HOST].bytes_used,
                (unsigned long long)ts->tier[KVT_TIER_DISK].bytes_used, h2d, hit);
+        if (o.draft)
+            printf(",\"draft\":%u,\"verifies\":%u,\"draft_accept_rate\":%.4f,"
+                   "\"tokens_per_verify\":%.3f", o.draft, ds.verifies,
+                   ds.drafted ? (double)ds.accepted / ds.drafted : 0.0,
+                   ds.verifies ? (double)ds.produced / ds.verifies : 0.0);
+        printf(",\"prefill_chunk\":%u", o.resume ? 0 : o.chunk);
         if (o.compare)
             printf(",\"dense_decode_tok_s\":%.2f,\"decode_speedup\":%.3f,\"top1_agreement\":%.4f,"
                    "\"max_logit_diff\":%.5g,\"compared\":%u",
