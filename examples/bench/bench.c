@@ -56,6 +56,9 @@ typedef struct u32_list {
     uint32_t n;
 } u32_list;
 
+/* --multi: the verification step's tokens (a draft of 4 and the last one). */
+#define MULTI_ROWS 5u
+
 typedef struct bench_opts {
     u32_list ctx, gqa, threads, budget;
     kvt_dtype dtype;
@@ -63,6 +66,7 @@ typedef struct bench_opts {
     double min_kv_gib, min_meta_mib;
     const char *simd;
     bool policy;
+    uint32_t multi; /* --multi: also steps of this many query tokens (5) */
 } bench_opts;
 
 static const char usage_text[] =
@@ -78,6 +82,8 @@ static const char usage_text[] =
     "  --min-meta-mib X    ... and at least X MiB of page metadata (default 512)\n"
     "  --quick             ctx 32k, gqa 4, threads 2, budget 2048, reps 3 (< 60 s)\n"
     "  --simd ISA          cap the kernels: portable|avx2|avx512 (sets KVTIER_SIMD)\n"
+    "  --multi             also steps of 5 query tokens (a speculative verification,\n"
+    "                      kvt_step_opts.n_new): dense, select, sparse and attend\n"
     "  --policy            also decode under a head-stability policy: 25% unstable heads\n"
     "                      reranked every step, the others every 16 steps (16-step passes)\n"
     "  --help              this text\n"
@@ -196,6 +202,12 @@ static void parse_args(int argc, char **argv, bench_opts *o)
             if (eq)
                 usage_error("--policy takes no value", a);
             o->policy = true;
+            continue;
+        }
+        if (!strcmp(flag, "--multi")) {
+            if (eq)
+                usage_error("--multi takes no value", a);
+            o->multi = MULTI_ROWS;
             continue;
         }
         static const char *const with_value[] = {
@@ -444,6 +456,7 @@ typedef struct case_row {
     double ms_per_layer, bytes_per_layer, gbps, bw_fraction, probe_gbps;
     double pages_selected; /* < 0: not meaningful */
     uint32_t pages_total;  /* pages of one layer over all KV heads; 0: none */
+    uint32_t rows;         /* query tokens per step (0: a probe) */
 } case_row;
 
 static void print_u32_or_null(const char *key, uint32_t v)
@@ -479,6 +492,7 @@ static void emit(const case_row *r)
     print_u32_or_null("budget_tokens", r->budget);
     print_u32_or_null("page_tokens", r->page_tokens);
     print_u32_or_null("layers", r->layers);
+    print_u32_or_null("query_tokens", r->rows);
     printf(",\"reps\":%u,\"isa\":\"%s\"", r->reps, r->isa);
     print_real_or_null("ms_per_layer", r->ms_per_layer, 4);
     printf(",\"kv_bytes_read\":%.0f", r->bytes_per_layer);
@@ -534,9 +548,11 @@ typedef struct pool_ctx {
     uint32_t L, ctx, T, n_pages; /* n_pages: of one (layer, KV head) */
     size_t elem;
     uint64_t block_bytes;
-    float *q;     /* [L][n_q_heads][head_dim] */
-    float *out;   /* [L][n_q_heads][head_dim] */
-    float *lse;   /* [L][n_q_heads] */
+    uint32_t rows;  /* query tokens of the current passes (1, or --multi's) */
+    uint32_t rmax;  /* rows the arrays below hold per layer */
+    float *q;     /* [L][rmax][n_q_heads][head_dim] */
+    float *out;   /* [L][rmax][n_q_heads][head_dim] */
+    float *lse;   /* [L][rmax][n_q_heads] */
     uint32_t *pages; /* [n_pages] */
     const char *isa;
 } pool_ctx;
@@ -553,17 +569,17 @@ static const char *const kind_name[] = {"dense",  "select",        "sparse",
 
 static const float *q_of(const pool_ctx *c, uint32_t l)
 {
-    return c->q + (size_t)l * c->g.n_q_heads * c->g.head_dim;
+    return c->q + (size_t)l * c->rmax * c->g.n_q_heads * c->g.head_dim;
 }
 
 static float *out_of(const pool_ctx *c, uint32_t l)
 {
-    return c->out + (size_t)l * c->g.n_q_heads * c->g.head_dim;
+    return c->out + (size_t)l * c->rmax * c->g.n_q_heads * c->g.head_dim;
 }
 
 static float *lse_of(const pool_ctx *c, uint32_t l)
 {
-    return c->lse + (size_t)l * c->g.n_q_heads;
+    return c->lse + (size_t)l * c->rmax * c->g.n_q_heads;
 }
 
 /* Pages selected for one layer, summed over the KV heads. A step keeps the
@@ -582,19 +598,21 @@ static uint64_t count_selected(const pool_ctx *c, const kvt_step *st, uint32_t l
 
 static void check_outputs(const pool_ctx *c, const char *what)
 {
-    size_t n = (size_t)c->L * c->g.n_q_heads;
-    for (size_t i = 0; i < n * c->g.head_dim; i++)
-        if (!isfinite(c->out[i])) {
-            fprintf(stderr, PROG ": %s: output %zu is not finite (%g)\n", what, i,
-                    (double)c->out[i]);
-            exit(1);
-        }
-    for (size_t i = 0; i < n; i++)
-        if (!isfinite(c->lse[i])) {
-            fprintf(stderr, PROG ": %s: lse %zu is not finite (%g)\n", what, i,
-                    (double)c->lse[i]);
-            exit(1);
-        }
+    const size_t n = (size_t)c->rows * c->g.n_q_heads; /* per layer */
+    for (uint32_t l = 0; l < c->L; l++) {
+        for (size_t i = 0; i < n * c->g.head_dim; i++)
+            if (!isfinite(out_of(c, l)[i])) {
+                fprintf(stderr, PROG ": %s: layer %u output %zu is not finite (%g)\n", what, l,
+                        i, (double)out_of(c, l)[i]);
+                exit(1);
+            }
+        for (size_t i = 0; i < n; i++)
+            if (!isfinite(lse_of(c, l)[i])) {
+                fprintf(stderr, PROG ": %s: layer %u lse %zu is not finite (%g)\n", what, l, i,
+                        (double)lse_of(c, l)[i]);
+                exit(1);
+            }
+    }
 }
 
 /* One decode step without appends over every layer; returns the seconds of
@@ -612,6 +630,12 @@ static double run_pass(const pool_ctx *c, int kind, const kvt_selector *sel, dou
         so.flags = KVT_STEP_DENSE;
     else
         so.selector = sel;
+    if (c->rows > 1) {
+        /* Without appends, the rows are the last `rows` stored tokens: the
+         * same reads and causal masks as a verification step. */
+        so.n_new = &c->rows;
+        so.n_rows = c->rows;
+    }
     kvt_step *st;
     CHECK(kvt_step_plan(c->pool, &c->seq, 1, &so, &st));
     double t0, timed = 0;
@@ -754,8 +778,9 @@ static void measure_policy(const pool_ctx *c, const kvt_selector *sel, const kvt
 }
 
 typedef struct summary {
-    bool have;
+    bool have, have_multi;
     double dense_ms, select_ms, sparse_ms, attend_ms, dense_bw_fraction, probe_gbps;
+    double m_dense_ms, m_select_ms, m_sparse_ms, m_attend_ms; /* --multi's steps */
     bool have_policy;
     double policy_ms, policy_select_ms, policy_work_fraction;
 } summary;
@@ -777,6 +802,7 @@ static void report(const pool_ctx *c, int kind, uint32_t budget, double pass_s,
         .dtype = dtype_name(c->g.dtype),
         .isa = c->isa,
         .ms_per_layer = pass_s * 1e3 / c->L,
+        .rows = c->rows,
         .bytes_per_layer = bytes_per_layer,
         .gbps = bytes_per_layer * c->L / pass_s / 1e9,
         .pages_selected = selected,
@@ -831,10 +857,12 @@ static void bench_pool(const bench_opts *o, uint32_t ctx, uint32_t gqa, uint32_t
     fprintf(stderr, "\r  prefill: %.1f s (%.2f GB/s of KV)\n", tp,
             (double)L * 2.0 * ctx * o->kv_heads * o->head_dim * (double)c.elem / tp / 1e9);
 
-    size_t qn = (size_t)L * c.g.n_q_heads * c.g.head_dim;
+    c.rows = 1;
+    c.rmax = o->multi ? o->multi : 1;
+    size_t qn = (size_t)L * c.rmax * c.g.n_q_heads * c.g.head_dim;
     c.q = bench_xmalloc(qn * sizeof *c.q);
     c.out = bench_xmalloc(qn * sizeof *c.out);
-    c.lse = bench_xmalloc((size_t)L * c.g.n_q_heads * sizeof *c.lse);
+    c.lse = bench_xmalloc((size_t)L * c.rmax * c.g.n_q_heads * sizeof *c.lse);
     c.pages = bench_xmalloc((size_t)c.n_pages * sizeof *c.pages);
     uint64_t s = 0x5eed0000ull + ctx * 31ull + gqa;
     for (size_t i = 0; i < qn; i++)
@@ -891,8 +919,37 @@ static void bench_pool(const bench_opts *o, uint32_t ctx, uint32_t gqa, uint32_t
             kvt_policy_destroy(pol);
         }
 
+        /* --multi: the same cases with a step of MULTI_ROWS query tokens. */
+        double m_dense = NAN, m_select = NAN, m_sparse = NAN, m_attend = NAN;
+        if (o->multi) {
+            fprintf(stderr, "  budget %u: %u-token steps: dense, select, sparse, attend\n",
+                    budget, o->multi);
+            c.rows = o->multi;
+            double msel = 0;
+            m_dense = measure(&c, K_DENSE, NULL, NULL);
+            report(&c, K_DENSE, 0, m_dense, dense_bytes, probe, sel_dense);
+            m_select = measure(&c, K_SELECT, sel, &msel);
+            report(&c, K_SELECT, budget, m_select, meta_bytes, probe, msel);
+            m_sparse = measure(&c, K_SPARSE, sel, NULL);
+            report(&c, K_SPARSE, budget, m_sparse, msel * (double)c.block_bytes, probe, msel);
+            m_attend = measure(&c, K_ATTEND, sel, NULL);
+            report(&c, K_ATTEND, budget, m_attend, meta_bytes + msel * (double)c.block_bytes,
+                   probe, msel);
+            fprintf(stderr, "  %u tokens over 1: dense %.2fx, select %.2fx, sparse %.2fx, "
+                    "attend %.2fx\n", o->multi, m_dense / dense_s, m_select / select_s,
+                    m_sparse / sparse_s, m_attend / attend_s);
+            c.rows = 1;
+        }
+
         if (is_summary && budget == 2048) {
             sum->have = true;
+            if (o->multi) {
+                sum->have_multi = true;
+                sum->m_dense_ms = m_dense * 1e3 / L;
+                sum->m_select_ms = m_select * 1e3 / L;
+                sum->m_sparse_ms = m_sparse * 1e3 / L;
+                sum->m_attend_ms = m_attend * 1e3 / L;
+            }
             if (o->policy) {
                 sum->have_policy = true;
                 sum->policy_ms = pol_s * 1e3 / L;
@@ -1037,6 +1094,15 @@ int main(int argc, char **argv)
         printf("{\"summary\":\"%s\",\"sparse_speedup_32k\":null,\"attend_speedup_32k\":null,"
                "\"select_fraction_32k\":null,\"dense_bw_fraction_32k\":null",
                what);
+    if (sum.have_multi)
+        printf(",\"verify5_dense_ms\":%.4f,\"verify5_sparse_ms\":%.4f,\"verify5_attend_ms\":%.4f,"
+               "\"verify5_over_1_dense\":%.3f,\"verify5_over_1_sparse\":%.3f,"
+               "\"verify5_over_1_select\":%.3f,\"verify5_over_1_attend\":%.3f",
+               sum.m_dense_ms, sum.m_sparse_ms, sum.m_attend_ms, sum.m_dense_ms / sum.dense_ms,
+               sum.m_sparse_ms / sum.sparse_ms, sum.m_select_ms / sum.select_ms,
+               sum.m_attend_ms / sum.attend_ms);
+    else if (o.multi)
+        printf(",\"verify5_over_1_dense\":null,\"verify5_over_1_sparse\":null");
     if (sum.have_policy)
         printf(",\"policy_ms\":%.4f,\"policy_select_ms\":%.4f,\"policy_speedup_32k\":%.3f,"
                "\"policy_select_work_fraction\":%.4f,\"policy_select_time_fraction\":%.4f}\n",

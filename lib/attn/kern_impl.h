@@ -433,11 +433,22 @@ static void kvt__attn(const kvt__attn_shape *sh, const float *q, const uint8_t *
                       const uint32_t *ntok, const uint32_t *pos, const uint32_t *lim,
                       uint32_t n, float *m, float *l, float *acc, float *sbuf)
 {
-    switch (sh->dtype) {
+    /* Each dtype twice: without a mask (one query token, the decode's
+     * path, compiled as before masks existed) and with one. */
+    switch (sh->dtype + (lim ? 8 : 0)) {
     case KVT_DTYPE_F16:
-        kvt__attn_dt(KVT_DTYPE_F16, sh, q, blocks, ntok, pos, lim, n, m, l, acc, sbuf);
+        kvt__attn_dt(KVT_DTYPE_F16, sh, q, blocks, ntok, NULL, NULL, n, m, l, acc, sbuf);
         break;
     case KVT_DTYPE_BF16:
+        kvt__attn_dt(KVT_DTYPE_BF16, sh, q, blocks, ntok, NULL, NULL, n, m, l, acc, sbuf);
+        break;
+    case KVT_DTYPE_F32:
+        kvt__attn_dt(KVT_DTYPE_F32, sh, q, blocks, ntok, NULL, NULL, n, m, l, acc, sbuf);
+        break;
+    case KVT_DTYPE_F16 + 8:
+        kvt__attn_dt(KVT_DTYPE_F16, sh, q, blocks, ntok, pos, lim, n, m, l, acc, sbuf);
+        break;
+    case KVT_DTYPE_BF16 + 8:
         kvt__attn_dt(KVT_DTYPE_BF16, sh, q, blocks, ntok, pos, lim, n, m, l, acc, sbuf);
         break;
     default:
