@@ -172,9 +172,17 @@ KVT_DEV void kvt__at_st8(float *p, const float *f)
     v[1] = b;
 }
 
-KVT_DEV uint32_t kvt__at_ntok(const uint32_t *pn, uint32_t j, uint32_t P)
+// An item's page counts: n[j] valid tokens in page j, and a causal row's cut
+// (kvt__cu_attn_item.cut): its last page holds at most `cut` tokens it sees.
+struct kvt__at_pl {
+    const uint32_t *n;
+    uint32_t last, cut;
+};
+
+KVT_DEV uint32_t kvt__at_ntok(const kvt__at_pl &pn, uint32_t j, uint32_t P)
 {
-    return kvt_umin(pn[j], P);
+    const uint32_t n = j == pn.last && pn.cut ? kvt_umin(pn.n[j], pn.cut) : pn.n[j];
+    return kvt_umin(n, P);
 }
 
 // A tile: pages j .. j + npg - 1 of the item (relative to pages_off), token
@@ -184,7 +192,7 @@ struct kvt__at_tile {
     uint32_t j, c0, npg, slots;
 };
 
-KVT_DEV kvt__at_tile kvt__at_tile_at(const kvt__attn_kp &k, const uint32_t *pn, uint32_t j,
+KVT_DEV kvt__at_tile kvt__at_tile_at(const kvt__attn_kp &k, const kvt__at_pl &pn, uint32_t j,
                                      uint32_t c0, uint32_t pend)
 {
     kvt__at_tile t;
@@ -197,7 +205,7 @@ KVT_DEV kvt__at_tile kvt__at_tile_at(const kvt__attn_kp &k, const uint32_t *pn, 
 }
 
 // The tile after t; returns false after the split's last tile.
-KVT_DEV bool kvt__at_tile_next(const kvt__attn_kp &k, const uint32_t *pn, uint32_t pend,
+KVT_DEV bool kvt__at_tile_next(const kvt__attn_kp &k, const kvt__at_pl &pn, uint32_t pend,
                                const kvt__at_tile &t, kvt__at_tile *nx)
 {
     uint32_t j = t.j, c0 = t.c0 + k.TP;
@@ -214,7 +222,7 @@ KVT_DEV bool kvt__at_tile_next(const kvt__attn_kp &k, const uint32_t *pn, uint32
 // Starts the copies of tile t into stage buffer `stage`, and records the
 // valid tokens of each of its pages in tnt[0 .. npg).
 template <int DT, bool AL>
-KVT_DEV void kvt__at_issue(const kvt__attn_kp &k, const uint32_t *pb, const uint32_t *pn,
+KVT_DEV void kvt__at_issue(const kvt__attn_kp &k, const uint32_t *pb, const kvt__at_pl &pn,
                            const kvt__at_tile &t, uint8_t *stage, uint32_t *tnt, uint32_t tid)
 {
     const uint32_t elem = DT == KVT__DT_F32 ? 4u : 2u;
@@ -313,7 +321,8 @@ template <int DT, bool AL> KVT_KERNEL __launch_bounds__(KVT__AT_THREADS) kvt__at
         lS[g] = 0.0f;
     }
 
-    const uint32_t *pb = k.blocks + it.pages_off, *pn = k.ntok + it.pages_off;
+    const uint32_t *pb = k.blocks + it.pages_off;
+    const kvt__at_pl pn = {k.ntok + it.pages_off, np - 1u, it.cut};
     kvt__at_tile cur = kvt__at_tile_at(k, pn, p0, 0u, pend), nxt;
     uint32_t st = 0;
     kvt__at_issue<DT, AL>(k, pb, pn, cur, sm, tnt, tid);

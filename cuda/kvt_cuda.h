@@ -226,7 +226,8 @@ typedef struct kvt__cu_attn_item {
     uint64_t lse_off;
     uint64_t pages_off;
     uint32_t n_pages;
-    uint32_t reserved;
+    uint32_t cut;      /* a causal query (a step of several tokens): its last
+                          page holds at most `cut` tokens it sees; 0 = all */
 } kvt__cu_attn_item;
 
 typedef struct kvt__cu_attn_args {

@@ -599,7 +599,7 @@ const kvt__backend kvt__backend_cuda = {
     .name = "cuda",
     .built = true,
     .caps = KVT__BE_DEVICE_REMOTE | KVT__BE_NO_PROFILER | KVT__BE_NO_DENSE_TIERED |
-            KVT__BE_NO_HOST_SELECT | KVT__BE_NO_MULTI,
+            KVT__BE_NO_HOST_SELECT | KVT__BE_NO_MULTI_SPARSE,
     .pool_init = kvt__cuda_pool_init,
     .pool_fini = kvt__cuda_pool_fini,
     .check = kvt__cuda_check,

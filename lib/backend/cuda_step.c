@@ -40,11 +40,14 @@ int kvt__cuda_step_plan(kvt_step *st, void *stream)
         uint32_t tmax = 0;
         for (uint32_t l = 0; l < L; l++)
             tmax = s->n_tokens[l] > tmax ? s->n_tokens[l] : tmax;
-        const uint32_t np = kvt__pages_for(p, tmax + 1);
+        const uint32_t np = kvt__pages_for(p, tmax + st->nnew[i]);
         np_max = np > np_max ? np : np_max;
         pages += (uint64_t)np * H;
     }
-    const size_t items = (size_t)st->n * H;
+    /* Per layer: an item per (sequence, head); with several tokens per
+     * sequence (kvt__cuda_step_select) also an attention item per (token,
+     * head), and room for every page the appends open. */
+    const size_t items = (size_t)(st->rows == st->n ? st->n : st->rows + st->n) * H;
     if (items > c->cap_items) {
         const size_t li = (size_t)L * items;
         c->cap_items = 0;
@@ -162,18 +165,23 @@ int kvt__cuda_step_append(kvt_step *st, uint32_t layer, const void *k, const voi
         return rc;
     for (uint32_t i = 0; i < st->n; i++) {
         const kvt__seq *s = st->seqs[i];
-        const uint32_t slot = kvt__cup_slot(p, s), pg = cur[i] / P;
+        const uint32_t slot = kvt__cup_slot(p, s), nn = st->nnew[i];
+        /* The pages the tokens open: from the first page boundary at or
+         * after cur[i] to the page of the last token. */
+        const uint32_t pg0 = (cur[i] + P - 1) / P, pg1 = (cur[i] + nn - 1) / P;
         for (uint32_t h = 0; h < H; h++) {
-            const size_t lh = kvt__lh(p, layer, h), e = lh * s->cap_pages + pg;
-            if (cur[i] % P == 0) { /* the token opens a page: its entries go up */
+            const size_t lh = kvt__lh(p, layer, h);
+            for (uint32_t pg = pg0; pg <= pg1; pg++) { /* their entries go up */
+                const size_t e = lh * s->cap_pages + pg;
                 sdev[nr] = s->dev_block[e];
                 smeta[nr] = s->meta_slot[e];
                 rg[nr] = (kvt__cu_range){nr, s->be.cu_off + e, 1, 0};
                 nr++;
             }
             it[(size_t)i * H + h] = (kvt__cu_append_item){
-                (uint64_t)i * seq_stride + (uint64_t)h * D, 0, s->be.cu_off + lh * s->cap_pages,
-                ((uint64_t)slot * c->LH + lh) * 3u * D, cur[i], 1};
+                (uint64_t)st->row0[i] * seq_stride + (uint64_t)h * D, seq_stride,
+                s->be.cu_off + lh * s->cap_pages, ((uint64_t)slot * c->LH + lh) * 3u * D,
+                cur[i], nn};
         }
     }
     if (nr && ((rc = kvt__cu_table_sync(sdev, c->d_tab, rg, nr, c->sst)) ||
@@ -184,7 +192,7 @@ int kvt__cuda_step_append(kvt_step *st, uint32_t layer, const void *k, const voi
         return rc;
     kvt__cu_append_args a = {dit, st->n * H, D, P, p->g.dtype, src_dtype, k, v, c->d_tab,
                              c->d_mtab, c->d_dev, p->block_bytes, c->d_meta, p->meta_bytes,
-                             c->d_acc, 1};
+                             c->d_acc, st->rmax};
     rc = kvt__cu_append(&a, c->sst);
     if (!rc && c->sync_calls) /* no engine stream to order with: finish here */
         rc = kvt__cu_stream_sync(c->sst);
@@ -201,7 +209,12 @@ int kvt__cuda_step_select(kvt_step *st, uint32_t layer, const float *q)
     kvt__cu_score_item *sc = c->h_sc + L0;
     kvt__cu_topk_item *tk = c->h_tk + L0;
     kvt__cu_sf_item *sf = c->h_sf + L0;
-    kvt__cu_attn_item *at = c->h_at + L0;
+    /* Several tokens per sequence (dense steps): the attention items are per
+     * (token, head), built here with each token's causal cut; the finish
+     * writes its page counts to the (sequence, head) items after them. */
+    const bool multi = st->rows != st->n;
+    kvt__cu_attn_item *atk = c->h_at + L0;
+    kvt__cu_attn_item *at = multi ? atk + (size_t)st->rows * H : atk;
     int rc = kvt__cu_set_device(c->device);
     /* A layer selected again in the same step: its pinned items may still
      * be read by the queued work of the first selection. */
@@ -242,6 +255,17 @@ int kvt__cuda_step_select(kvt_step *st, uint32_t layer, const float *q)
             at[ih] = (kvt__cu_attn_item){((uint64_t)i * st->Hq + (uint64_t)h * G) * D,
                                          ((uint64_t)i * st->Hq + (uint64_t)h * G) * D,
                                          (uint64_t)i * st->Hq + (uint64_t)h * G, off, 0, 0};
+            for (uint32_t j = 0; multi && j < st->nnew[i]; j++) {
+                /* Token j sees positions < lim: pages 0 .. pl, the last cut. */
+                const uint64_t row = (uint64_t)st->row0[i] + j;
+                const uint32_t nn = st->nnew[i];
+                const uint32_t lim = tokens + j + 1u > nn ? tokens + j + 1u - nn : 0u;
+                const uint32_t pl = lim ? (lim - 1u) / P : 0u;
+                atk[row * H + h] = (kvt__cu_attn_item){(row * st->Hq + (uint64_t)h * G) * D,
+                                                       (row * st->Hq + (uint64_t)h * G) * D,
+                                                       row * st->Hq + (uint64_t)h * G, off,
+                                                       lim ? pl + 1u : 0u, lim - pl * P};
+            }
             off += np ? np : 1;
         }
     }
@@ -252,7 +276,9 @@ int kvt__cuda_step_select(kvt_step *st, uint32_t layer, const float *q)
     if ((n_rr && (rc = kvt__cup_items_up(c->d_sc + L0, sc, items * sizeof *sc, c->sst))) ||
         (rc = kvt__cup_items_up(c->d_tk + L0, tk, items * sizeof *tk, c->sst)) ||
         (rc = kvt__cup_items_up(c->d_sf + L0, sf, items * sizeof *sf, c->sst)) ||
-        (rc = kvt__cup_items_up(c->d_at + L0, at, items * sizeof *at, c->sst)))
+        (rc = kvt__cup_items_up(c->d_at + L0, atk,
+                                (multi ? (size_t)st->rows * H + items : items) * sizeof *at,
+                                c->sst)))
         return rc;
     if (n_rr) {
         kvt__cu_score_args sa = {c->d_sc + L0, items, G, D, p->g.dtype, st->sel->method, st->sel->vote,
@@ -267,7 +293,7 @@ int kvt__cuda_step_select(kvt_step *st, uint32_t layer, const float *q)
         return rc;
     kvt__cu_sf_args fa = {c->d_sf + L0, items, P, np_max, c->kcap, c->d_sel, c->d_nsel,
                           c->d_topk, c->d_ntopk, c->d_saved, c->d_nsaved, c->d_tab, c->d_blocks,
-                          c->d_ntok, c->d_at + L0};
+                          c->d_ntok, c->d_at + L0 + (multi ? (size_t)st->rows * H : 0)};
     rc = kvt__cu_sel_finish(&fa, c->sst);
     /* The saved set is this K's once the finish is queued; a failed launch
      * may have left it half written: rerank next time. */
@@ -299,16 +325,17 @@ int kvt__cuda_step_decode(kvt_step *st, uint32_t layer, const float *q, float *o
     for (uint32_t i = 0; run && i < st->n && !rc; i++) {
         if (run[i] != 2)
             continue;
-        for (uint32_t h = 0; h < H && !rc; h++) {
-            kvt__cu_attn_item *it = d_at + (size_t)i * H + h;
+        for (uint32_t h = 0; h < st->nnew[i] * H && !rc; h++) {
+            kvt__cu_attn_item *it = d_at + (size_t)st->row0[i] * H + h;
             const kvt__cu_copy cp = {(uint64_t)(uintptr_t)c->h_zero,
                                      (uint64_t)(uintptr_t)&it->n_pages, sizeof it->n_pages};
             rc = kvt__cu_copy_memcpy(&cp, 1, c->sst);
         }
     }
     /* One launch per run of consecutive sequences in the call (the items
-     * of sequence i are [i * H, (i + 1) * H)); every launch splits pages
-     * as the whole batch would (c->at_sp), within the plan's workspace. */
+     * of sequence i are [row0 * H, (row0 + n_new) * H), row0 its first
+     * row); every launch splits pages as the whole batch would (c->at_sp),
+     * within the plan's workspace. */
     for (uint32_t i0 = 0; i0 < st->n && !rc;) {
         if (run && !run[i0]) {
             i0++;
@@ -317,7 +344,8 @@ int kvt__cuda_step_decode(kvt_step *st, uint32_t layer, const float *q, float *o
         uint32_t i1 = i0 + 1;
         while (i1 < st->n && (!run || run[i1]))
             i1++;
-        kvt__cu_attn_args a = {d_at + (size_t)i0 * H, (i1 - i0) * H, st->G, st->D, st->P,
+        const uint32_t r0 = st->row0[i0], r1 = st->row0[i1 - 1] + st->nnew[i1 - 1];
+        kvt__cu_attn_args a = {d_at + (size_t)r0 * H, (r1 - r0) * H, st->G, st->D, st->P,
                                p->g.dtype, st->scale, c->np_max, c->at_sp, q, out, lse,
                                c->d_blocks, c->d_ntok, c->d_dev, p->block_bytes, c->d_work};
         rc = kvt__cu_attn(&a, c->sst);

@@ -107,7 +107,7 @@ typedef struct kvt__owner {
 #define KVT__BE_NO_PROFILER     (1u << 1) /* steps do not feed a profiler */
 #define KVT__BE_NO_DENSE_TIERED (1u << 2) /* no KVT_STEP_DENSE in a pool with a policy */
 #define KVT__BE_NO_HOST_SELECT  (1u << 3) /* no kvt_selector_select (it reads metadata on the host) */
-#define KVT__BE_NO_MULTI        (1u << 4) /* steps of one token per sequence only */
+#define KVT__BE_NO_MULTI_SPARSE (1u << 4) /* several tokens per sequence in dense steps only */
 
 struct kvt__backend;
 struct kvt_pool {

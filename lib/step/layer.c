@@ -88,17 +88,17 @@ KVT_API int kvt_step_append(kvt_step *st, uint32_t layer, const void *k, const v
         uint32_t *cur = st->task_first;
         for (uint32_t i = 0; i < st->n; i++) {
             cur[i] = st->seqs[i]->n_tokens[layer];
-            kvt__append_alloc(p, st->seqs[i], layer, 1);
+            kvt__append_alloc(p, st->seqs[i], layer, st->nnew[i]);
         }
         rc = p->be->step_append(st, layer, k, v, src_dtype, seq_stride, cur);
         if (rc) { /* all or nothing: the new pages go back */
             for (uint32_t i = 0; i < st->n; i++)
-                kvt__append_unalloc(p, st->seqs[i], layer, 1);
+                kvt__append_unalloc(p, st->seqs[i], layer, st->nnew[i]);
             return rc;
         }
         for (uint32_t i = 0; i < st->n; i++) {
-            st->seqs[i]->n_tokens[layer]++;
-            st->expect[(size_t)i * st->L + layer]++;
+            st->seqs[i]->n_tokens[layer] += st->nnew[i];
+            st->expect[(size_t)i * st->L + layer] += st->nnew[i];
         }
         st->appended[layer] = 1;
         st->n_appended++;

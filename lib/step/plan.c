@@ -212,10 +212,10 @@ KVT_API int kvt_step_plan(kvt_pool *pool, const kvt_seq_id *seqs, uint32_t n_seq
             return kvt__err(KVT_EINVAL, "opts->n_rows: %u, but opts->n_new sums to %llu over "
                             "the %u sequences (the rows of k, v, q and out)", o.n_rows,
                             (unsigned long long)sum, n_seqs);
-        if (rmax > 1 && (pool->be_caps & KVT__BE_NO_MULTI))
-            return kvt__err(KVT_ENOTSUP, "opts->n_new: the CUDA backend takes one token per "
-                            "sequence and step in this release (n_new[i] up to %u given)",
-                            rmax);
+        if (rmax > 1 && !(o.flags & KVT_STEP_DENSE) && (pool->be_caps & KVT__BE_NO_MULTI_SPARSE))
+            return kvt__err(KVT_ENOTSUP, "opts->n_new: the CUDA backend takes several tokens "
+                            "per sequence (up to %u given) in KVT_STEP_DENSE steps only in "
+                            "this release", rmax);
     } else if (o.n_rows) {
         return kvt__err(KVT_EINVAL, "opts->n_rows: %u without opts->n_new (must be 0: one "
                         "row per sequence)", o.n_rows);

@@ -182,7 +182,7 @@ static void run_shape(const shape *sh, uint64_t seed)
         const uint32_t i = order[k]; /* pages in shuffled order */
         items[i].pages_off = poff;
         items[i].n_pages = np[i];
-        items[i].reserved = 0;
+        items[i].cut = 0;
         for (uint32_t j = 0; j < np[i]; j++) {
             uint32_t b;
             int dup;

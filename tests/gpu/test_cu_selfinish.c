@@ -202,7 +202,7 @@ static void run_sf(const sf_case *cs, uint32_t n, const sf_run *run, tu_rng *r)
         attn[i].lse_off = tu_next(r);
         attn[i].pages_off = tu_next(r);
         attn[i].n_pages = PAT;
-        attn[i].reserved = (uint32_t)tu_next(r);
+        attn[i].cut = (uint32_t)tu_next(r);
         if (c->mode == KVT__CU_SF_RERANK) {
             if (c->given) {
                 assert_false(run->gpu_topk);
@@ -320,7 +320,7 @@ static void run_sf(const sf_case *cs, uint32_t n, const sf_run *run, tu_rng *r)
         if (attn_out[i].q_off != attn[i].q_off || attn_out[i].out_off != attn[i].out_off ||
             attn_out[i].lse_off != attn[i].lse_off ||
             attn_out[i].pages_off != attn[i].pages_off ||
-            attn_out[i].reserved != attn[i].reserved)
+            attn_out[i].cut != attn[i].cut)
             fail_msg("item %u: attention fields other than n_pages changed", i);
         /* RERANK's inputs stay as they were: the CPU's rule (or as given). */
         if (mode == KVT__CU_SF_RERANK) {
