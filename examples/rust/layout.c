@@ -200,6 +200,9 @@ int main(void)
     F(kvt_step_opts, stream);
     F(kvt_step_opts, scale);
     F(kvt_step_opts, reserved);
+    F(kvt_step_opts, n_new);
+    F(kvt_step_opts, n_rows);
+    F(kvt_step_opts, max_new);
     end();
 
     S(kvt_mover_opts, KVT_MOVER_OPTS);

@@ -601,10 +601,12 @@ impl<'a> Pool<'a> {
         check(unsafe {
             sys::kvt_step_plan(self.raw.as_ptr(), ids.as_ptr(), n, &opts.raw, &mut raw)
         })?;
+        let rows = if opts.raw.n_new.is_null() { ids.len() } else { opts.raw.n_rows as usize };
         Ok(Step {
             raw: NonNull::new(raw).expect("kvt_step_plan returned NULL"),
             pool: self.raw,
             geom: self.geom,
+            rows,
             seqs: ids,
             _pool: PhantomData,
         })
@@ -684,6 +686,9 @@ impl<'a> StepOpts<'a> {
             policy: ptr::null(),
             profiler: ptr::null_mut(),
             stream: ptr::null_mut(),
+            n_new: ptr::null(),
+            n_rows: 0,
+            max_new: 0,
         };
         let rc = unsafe { sys::kvt_step_opts_init(&mut raw) };
         debug_assert_eq!(rc, 0);
@@ -706,6 +711,16 @@ impl<'a> StepOpts<'a> {
         self.raw.scale = scale;
         self
     }
+    /// `n_new[i]` tokens for sequence i (a speculative verification, a
+    /// chunk of prefill): the step's arrays then hold one row per token,
+    /// sequence after sequence, each query causal among the new tokens.
+    pub fn new_tokens(mut self, n_new: &'a [u32]) -> Self {
+        let sum: u64 = n_new.iter().map(|&x| x as u64).sum();
+        self.raw.n_new = n_new.as_ptr();
+        // A sum past 32 bits cannot match: the library names opts->n_rows.
+        self.raw.n_rows = u32::try_from(sum).unwrap_or(u32::MAX);
+        self
+    }
     pub fn raw(&self) -> &sys::kvt_step_opts {
         &self.raw
     }
@@ -713,14 +728,16 @@ impl<'a> StepOpts<'a> {
 
 /// One open decode step (`kvt_step`); finished by [`Step::finish`] or on drop.
 ///
-/// Layouts are f32: `q` and `out` are `[n_seqs][n_q_heads][head_dim]`, `lse`
-/// `[n_seqs][n_q_heads]`, appended `k`/`v` `[n_seqs][n_kv_heads][head_dim]`.
+/// Layouts are f32: `q` and `out` are `[rows][n_q_heads][head_dim]`, `lse`
+/// `[rows][n_q_heads]`, appended `k`/`v` `[rows][n_kv_heads][head_dim]`, where
+/// rows is n_seqs, or the sum of [`StepOpts::new_tokens`].
 #[derive(Debug)]
 pub struct Step<'p> {
     raw: NonNull<sys::kvt_step>,
     pool: NonNull<sys::kvt_pool>,
     geom: Geometry,
     seqs: Vec<sys::kvt_seq_id>,
+    rows: usize,
     _pool: PhantomData<&'p mut ()>,
 }
 
@@ -729,13 +746,18 @@ impl<'p> Step<'p> {
         self.seqs.len()
     }
 
-    fn q_len(&self) -> usize {
-        self.seqs.len() * self.geom.q_heads() as usize * self.geom.head_dim as usize
+    /// Rows of the step's arrays: one per new token.
+    pub fn rows(&self) -> usize {
+        self.rows
     }
 
-    /// One new token per sequence for `layer`.
+    fn q_len(&self) -> usize {
+        self.rows * self.geom.q_heads() as usize * self.geom.head_dim as usize
+    }
+
+    /// The step's new tokens of `layer` (one row each).
     pub fn append(&mut self, layer: u32, k: &[f32], v: &[f32]) -> Result<()> {
-        let want = self.seqs.len() * self.geom.n_kv_heads as usize * self.geom.head_dim as usize;
+        let want = self.rows * self.geom.n_kv_heads as usize * self.geom.head_dim as usize;
         need("k", k.len(), want)?;
         need("v", v.len(), want)?;
         check(unsafe {
@@ -770,7 +792,7 @@ impl<'p> Step<'p> {
         need("out", out.len(), n)?;
         let lse_ptr = match lse {
             Some(l) => {
-                need("lse", l.len(), self.seqs.len() * self.geom.q_heads() as usize)?;
+                need("lse", l.len(), self.rows * self.geom.q_heads() as usize)?;
                 l.as_mut_ptr()
             }
             None => ptr::null_mut(),

@@ -311,6 +311,7 @@ pub struct kvt_profiler_head_stats {
 
 // ---- step.h -----------------------------------------------------------------
 pub const KVT_STEP_DENSE: u32 = 1 << 0;
+pub const KVT_STEP_MAX_NEW: u32 = 8192;
 
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
@@ -323,6 +324,9 @@ pub struct kvt_step_opts {
     pub stream: *mut std::ffi::c_void,
     pub scale: f32,
     pub reserved: u32,
+    pub n_new: *const u32,
+    pub n_rows: u32,
+    pub max_new: u32,
 }
 
 // ---- mover.h ----------------------------------------------------------------

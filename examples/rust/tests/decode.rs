@@ -312,3 +312,62 @@ fn library_version_matches_headers() {
     assert_eq!(kvtier::dtype_size(sys::KVT_DTYPE_F16), 2);
     assert_eq!(kvtier::dtype_size(99), 0);
 }
+
+/// A dense step of 5 tokens (a speculative verification,
+/// `StepOpts::new_tokens`): every row is the causal attention of its token
+/// over the prefix and the new tokens up to its own, against the f64
+/// reference; short buffers are refused for the step's rows.
+#[test]
+fn multi_token_step_is_causal() {
+    let geom = geometry();
+    let block = geom.block_bytes().unwrap();
+    let opts = PoolOpts::new(geom)
+        .backend(sys::KVT_BACKEND_CPU)
+        .n_threads(2)
+        .max_seqs(2)
+        .max_seq_tokens(256)
+        .device_bytes(block * (L * HKV * 16) as u64);
+    let mut pool = Pool::new(&opts).expect("pool");
+    let seq = pool.seq_create(0, 0).expect("seq");
+    const T0: u32 = 37;
+    for t in 0..T0 {
+        for l in 0..L {
+            pool.seq_append(seq, l, &kv_rows(0, l, t), &kv_rows(1, l, t), 1).unwrap();
+        }
+    }
+    let n_new = [5u32];
+    let so = StepOpts::new().dense().new_tokens(&n_new);
+    let mut step = pool.step(&[seq], &so).expect("plan");
+    assert_eq!(step.rows(), 5);
+    let (hd, kvd) = ((HQ * D) as usize, (HKV * D) as usize);
+    let short = kv_rows(0, 0, T0);
+    let e = step.append(0, &short, &short).unwrap_err();
+    assert!(e.message.starts_with("k:"), "{e}");
+    for l in 0..L {
+        let k: Vec<f32> = (0..5).flat_map(|j| kv_rows(0, l, T0 + j)).collect();
+        let v: Vec<f32> = (0..5).flat_map(|j| kv_rows(1, l, T0 + j)).collect();
+        let q: Vec<f32> = (0..5).flat_map(|j| queries(l, T0 + j)).collect();
+        let mut out = vec![0f32; 5 * hd];
+        let mut lse = vec![0f32; 5 * HQ as usize];
+        step.append(l, &k, &v).unwrap();
+        step.attend(l, &q, &mut out, Some(&mut lse)).unwrap();
+        assert_eq!(k.len(), 5 * kvd);
+        for j in 0..5u32 {
+            let len = T0 + j + 1; // the tokens row j sees
+            let pages: Vec<u32> = (0..len.div_ceil(P)).collect();
+            for h in 0..HQ {
+                let r = (j * HQ + h) as usize;
+                let (want, wl) =
+                    reference(&step, l, h / (HQ / HKV), len, &pages, &q[r * D as usize..][..D as usize]);
+                for d in 0..D as usize {
+                    let got = out[r * D as usize + d] as f64;
+                    assert!((got - want[d]).abs() < 1e-4, "layer {l} row {j} head {h}: {got} vs {}", want[d]);
+                }
+                assert!((lse[r] as f64 - wl).abs() < 1e-4 * (1.0 + wl.abs()), "lse row {j}");
+            }
+        }
+    }
+    step.finish().unwrap();
+    assert_eq!(pool.seq_length(seq, 0).unwrap(), T0 + 5);
+    pool.check().unwrap();
+}

@@ -189,7 +189,10 @@ fn rust_structs() -> Vec<RStruct> {
             profiler,
             stream,
             scale,
-            reserved
+            reserved,
+            n_new,
+            n_rows,
+            max_new
         }),
         rust_layout!(kvt_mover_opts {
             struct_size,
