@@ -501,6 +501,28 @@ static void test_multi_bad_input(void **state)
         TU_OK(kvt_seq_length_get(p, ids[1], l, &t));
         assert_int_equal(t, 30);
     }
+    /* A step that appends some layers only: finish takes every token of
+     * each sequence back (KVT_ESTATE naming the layer it missed). */
+    nn[0] = 3;
+    nn[1] = 2;
+    so.n_new = nn;
+    so.n_rows = 5;
+    TU_OK(kvt_step_plan(p, ids, 2, &so, &st));
+    {
+        float *k = rand_rows((size_t)5 * 32, 1.0f, &r), *v = rand_rows((size_t)5 * 32, 1.0f, &r);
+        TU_OK(kvt_step_append(st, 0, k, v, KVT_DTYPE_F32, 0));
+        free(k);
+        free(v);
+    }
+    TU_EXPECT_ERR(kvt_step_finish(st), KVT_ESTATE, "layer 1");
+    for (uint32_t l = 0; l < 2; l++) {
+        uint32_t t;
+        TU_OK(kvt_seq_length_get(p, ids[0], l, &t));
+        assert_int_equal(t, 10);
+        TU_OK(kvt_seq_length_get(p, ids[1], l, &t));
+        assert_int_equal(t, 30);
+    }
+    TU_CHECK(p);
     /* The first layout (struct_size 48) still plans one token each. */
     kvt_step_opts old = KVT_STEP_OPTS_INIT;
     old.struct_size = (uint32_t)offsetof(kvt_step_opts, n_new);

@@ -22,9 +22,10 @@
  * sequence has one token, and rows = n_seqs). Query j of sequence i is the
  * token at position T - n_new[i] + j of the layer, T the tokens the layer
  * holds at the decode: it attends causally, to every token up to and
- * including its own (the new tokens after it are masked), so a step of
- * several tokens (speculative verification, a chunk of prefill) gives the
- * rows a token-by-token decode would.
+ * including its own (the new tokens after it are masked), so a dense step
+ * of several tokens (speculative verification, a chunk of prefill) gives
+ * the rows a token-by-token dense decode would (a sparse one attends over
+ * one selection shared by the sequence's tokens).
  *
  * CUDA backend (kvt_pool_opts.backend = KVT_BACKEND_CUDA): q, k, v, out and
  * lse MUST be device pointers (or pinned host memory mapped for the
@@ -113,8 +114,10 @@ KVT_API int kvt_step_opts_init(kvt_step_opts *opts);
 
 /* Plans one decode step over n_seqs distinct live sequences: checks them
  * (KVT_ERANGE for one whose n_new tokens would pass its max_tokens; KVT_EINVAL
- * naming opts->n_new[i] for a count of 0 or above max_new, or opts->n_rows
- * when it is not their sum), reserves block-table room
+ * naming opts->n_new[i] for a count of 0 or above max_new, opts->n_rows
+ * when it is not their sum or is set without n_new, opts->max_new above
+ * KVT_STEP_MAX_NEW; KVT_ENOTSUP naming opts->n_new for several tokens in a
+ * step that is not KVT_STEP_DENSE on the CUDA backend), reserves block-table room
  * and checks that the device tier and metadata store can take the step's
  * tokens of every sequence in every layer (KVT_ENOSPC otherwise, so the
  * engine can preempt before the step; the blocks are checked, not set
@@ -138,8 +141,12 @@ KVT_API int kvt_step_finish(kvt_step *step);
  * kvt_seq_append, on the calling thread): k and v hold, for step row r (see
  * Layouts above; with one token per sequence, r is the sequence's index),
  * n_kv_heads rows of head_dim elements starting at element r * seq_stride
- * (0 = n_kv_heads * head_dim). In a tiered pool, a KVT_STEP_DENSE step's
- * full pages are copied out as kvt_seq_append's are (a chunk of prefill).
+ * (0 = n_kv_heads * head_dim). In a tiered pool, the full pages of a
+ * sequence with several tokens in a KVT_STEP_DENSE step (a chunk of
+ * prefill) are copied out as kvt_seq_append's are, by kvt_step_finish
+ * (which waits for the copies; a failed copy-out leaves the pages on
+ * device for the next pass), so the plan needs device room for the chunk's
+ * pages of every layer.
  * Once per layer and step, before that
  * layer's kvt_step_select (KVT_ESTATE otherwise, and in a step that
  * selected a layer before any append: that step appends nothing); the
@@ -200,7 +207,10 @@ KVT_API int kvt_step_dirty_get(const kvt_step *step, uint32_t layer, uint32_t se
  * have landed (the others do not wait); a failed copy (KVT_EIO,
  * KVT_ECORRUPT) is returned after every other sequence is decoded, with the
  * failing sequence's output zeroed and its lse -infinity; its heads rescore
- * at the next step, so it decodes again once the fault clears. */
+ * at the next step, so it decodes again once the fault clears. On the CPU
+ * backend a selected page that lives only on the disk tier is read from it
+ * (CRC-checked); a failed read returns its error with the rows of the
+ * sequences that needed disk reads zeroed, lse -infinity. */
 KVT_API int kvt_step_decode(kvt_step *step, uint32_t layer, const float *q, float *out,
                             float *lse);
 

@@ -412,10 +412,10 @@ KVT_API int kvt_step_decode(kvt_step *st, uint32_t layer, const float *q, float 
                             "failed (%s; %u sequence%s read from disk: output zeros, lse "
                             "-infinity)", layer, derr == KVT_ECORRUPT ? "checksum mismatch" :
                             kvt_err_name(derr), bad, bad == 1 ? "" : "s");
-        return kvt__err(KVT_ESTATE, "sparse decode: a selected page of layer %u lives only on "
-                        "disk (%u sequence%s: output zeros, lse -infinity); fetch it to the "
-                        "device or host tier (kvt_mover_submit) first", layer, bad,
-                        bad == 1 ? "" : "s");
+        return kvt__err(KVT_ESTATE, "sparse decode: a selected page of layer %u is in no tier "
+                        "the decode can read (%u sequence%s: output zeros, lse -infinity); "
+                        "fetch it to the device or host tier (kvt_mover_submit) first", layer,
+                        bad, bad == 1 ? "" : "s");
     }
     return 0;
 }

@@ -1,5 +1,5 @@
-/* The per-layer calls before the attention: kvt_step_append (the step's token
- * of every sequence), the selection (score, vote, top-K, or reuse) with the
+/* The per-layer calls before the attention: kvt_step_append (the step's
+ * tokens of every sequence), the selection (score, vote, top-K, or reuse) with the
  * tiered pools' fused recycle and its promotions' fences, and
  * kvt_step_selection_get. */
 #include <math.h>
@@ -106,17 +106,9 @@ KVT_API int kvt_step_append(kvt_step *st, uint32_t layer, const void *k, const v
     }
     for (uint32_t i = 0; i < st->n; i++) {
         const size_t off = (size_t)st->row0[i] * seq_stride * src_elem;
-        const uint32_t before = st->seqs[i]->n_tokens[layer];
         kvt__append_checked(p, st->seqs[i], layer, (const uint8_t *)k + off,
                             (const uint8_t *)v + off, st->nnew[i], src_dtype, seq_stride);
         st->expect[(size_t)i * st->L + layer] += st->nnew[i];
-        /* A dense step in a tiered pool (a chunk of prefill): its full pages
-         * go out as kvt_seq_append's do; its decode reads the host copies
-         * in place. */
-        if (p->pol && !st->tiered && st->nnew[i] > 1) {
-            kvt__place_after_append(p, st->seqs[i], st->ids[i], layer, before);
-            kvt_clear_error();
-        }
     }
     st->appended[layer] = 1;
     st->n_appended++;

@@ -288,8 +288,8 @@ KVT_API int kvt_step_plan(kvt_pool *pool, const kvt_seq_id *seqs, uint32_t n_seq
             goto out_free;
         }
 
-    /* Room for one more token per sequence and layer: blocks now, table
-     * capacity reserved so that kvt_step_append never allocates. */
+    /* Room for the step's tokens of every sequence and layer: blocks now,
+     * table capacity reserved so that kvt_step_append never allocates. */
     uint64_t need = 0, need_pm = 0, sel_total = 0, task_total = 0, pm_total = 0;
     if (tiered)
         kvt__mover_apply(pool->mover); /* finished moves free their blocks first */
@@ -575,7 +575,8 @@ static int kvt__step_unappend(kvt_step *st)
         if (st->tiered)
             kvt__settle(st, i, false);
         for (uint32_t l = 0; l < st->L && !rc; l++)
-            if (st->appended[l]) {
+            for (uint32_t j = 0; st->appended[l] && j < st->nnew[i] && !rc; j++) {
+                /* The sequence's n_new tokens, last first. */
                 if (p->be->seq_pop)
                     rc = p->be->seq_pop(p, s, l);
                 else
@@ -609,6 +610,23 @@ KVT_API int kvt_step_finish(kvt_step *st)
         }
         const int rc1 = kvt__place_offload(st->pool, st->seqs, st->ids, st->n, UINT32_MAX, false);
         rc = rc ? rc : rc1;
+    }
+    if (st->pool->pol && !st->tiered && st->n_appended == st->L) {
+        /* A dense step in a tiered pool (a chunk of prefill): the full pages
+         * of its sequences of several tokens go out as kvt_seq_append's do
+         * (the plan made device room for every layer's; later chunks read
+         * them where they land). A failed copy-out leaves them on device;
+         * the next pass retries. */
+        for (uint32_t i = 0; i < st->n; i++) {
+            kvt__seq *s = st->seqs[i];
+            if (st->nnew[i] < 2 || !s->live || s->gen != (uint32_t)(st->ids[i] >> 32))
+                continue;
+            for (uint32_t l = 0; l < st->L; l++)
+                kvt__place_after_append(st->pool, s, st->ids[i], l,
+                                        s->n_tokens[l] - st->nnew[i]);
+        }
+        if (!rc)
+            kvt_clear_error();
     }
     if (st->pool->be->step_finish) {
         const int rc2 = st->pool->be->step_finish(st);
