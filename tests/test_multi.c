@@ -45,12 +45,13 @@ static mpool mp_of(kvt_pool *p)
 }
 
 /* Checks the rows of (seq, layer, kv head) of a step that appended nn
- * tokens: row j's G query heads (q, out, lse at row j of the step's
- * sequence, Hq heads apart) against double attention over the tokens of
- * pages[np] at positions <= T - nn + j. */
+ * tokens: the first ncheck rows' G query heads (q, out, lse at row j of
+ * the step's sequence, Hq heads apart) against double attention over the
+ * tokens of pages[np] at positions <= T - nn + j. */
 static void check_seq_rows(const mpool *m, kvt_seq_id seq, uint32_t layer, uint32_t kvh,
-                           uint32_t nn, const uint32_t *pages, uint32_t np, const float *q,
-                           const float *out, const float *lse, double scale, const char *tag)
+                           uint32_t nn, uint32_t ncheck, const uint32_t *pages, uint32_t np,
+                           const float *q, const float *out, const float *lse, double scale,
+                           const char *tag)
 {
     const uint32_t D = m->g.head_dim, P = m->g.page_tokens, G = m->G, Hq = m->g.n_q_heads;
     const size_t es = kvt_dtype_size(m->g.dtype);
@@ -75,7 +76,7 @@ static void check_seq_rows(const mpool *m, kvt_seq_id seq, uint32_t layer, uint3
     }
     double *ref = malloc((size_t)G * D * sizeof *ref), rl[64], kap[64], vmax;
     assert_true(G <= 64);
-    for (uint32_t j = 0; j < nn; j++) {
+    for (uint32_t j = 0; j < ncheck; j++) {
         /* The tokens row j sees: a prefix of the gathered ones, which are in
          * increasing position order. */
         const uint32_t lim = T - nn + j + 1;
@@ -216,7 +217,7 @@ static void multi_step(const mpool *m, const kvt_seq_id *ids, uint32_t n, const 
                         check_selection(m, ids[i], l, h, nn[i], pg, cnt, K[l], sink[l],
                                         local[l], qi, what);
                 }
-                check_seq_rows(m, ids[i], l, h, nn[i], pg, cnt, qi,
+                check_seq_rows(m, ids[i], l, h, nn[i], nn[i], pg, cnt, qi,
                                out + (size_t)row0[i] * Hq * D, lse + (size_t)row0[i] * Hq, scale,
                                what);
             }
@@ -447,11 +448,81 @@ static void test_multi_tiered(void **state)
     }
     kvt_stats s = pstats(f->p);
     assert_true(s.promoted_pages > 0);
+    /* A step that selects without appending, its rows the last 200 stored
+     * tokens: their pages are forced, old ones a stable head moved out,
+     * so the recycle promotes them (room the plan counts). */
+    {
+        uint32_t n_ro = 200;
+        kvt_step_opts so = KVT_STEP_OPTS_INIT;
+        so.n_new = &n_ro;
+        so.n_rows = 200;
+        kvt_step *st;
+        TU_OK(kvt_step_plan(f->p, ids, 1, &so, &st));
+        float *q = rand_rows((size_t)200 * HQ * HEAD_DIM, 2.0f, &r);
+        float *out = malloc((size_t)200 * HQ * HEAD_DIM * sizeof *out);
+        float *lse = malloc((size_t)200 * HQ * sizeof *lse);
+        uint32_t *pg = malloc(MAXPG * sizeof *pg);
+        for (uint32_t l = 0; l < N_LAYERS; l++) {
+            TU_OK(kvt_step_attend(st, l, q, out, lse));
+            for (uint32_t h = 0; h < N_KV_HEADS; h++) {
+                uint32_t cnt;
+                TU_OK(kvt_step_selection_get(st, l, 0, h, pg, MAXPG, &cnt, NULL));
+                check_seq_rows(&m, ids[0], l, h, 200, 200, pg, cnt, q, out, lse,
+                               1.0 / sqrt((double)HEAD_DIM), "read-only tiered step");
+            }
+        }
+        TU_OK(kvt_step_finish(st));
+        free(q);
+        free(out);
+        free(lse);
+        free(pg);
+        wait_all(f);
+    }
     /* A dense chunk of prefill: pages on host are read in place. */
     uint32_t nn = 2 * PAGE_TOKENS + 3;
     multi_step(&m, ids, 1, &nn, NULL, NULL, NULL, NULL, &r, "tiered dense chunk");
     wait_all(f);
     pfx_close(f);
+}
+
+/* A NaN key among the new tokens: the rows that see its page are NaN (no
+ * defined attention), the earlier rows, whose causal limit ends before
+ * that page, keep their attention. */
+static void test_multi_nonfinite_causal(void **state)
+{
+    (void)state;
+    tu_rng r = {31};
+    const uint32_t H = 1, G = 2, D = 32, P = 8;
+    kvt_pool_opts o = tu_opts(1, H, H * G, D, P, KVT_DTYPE_F32, 64, 0);
+    kvt_pool *p;
+    TU_OK(kvt_pool_create(&o, &p));
+    mpool m = mp_of(p);
+    kvt_seq_id id;
+    TU_OK(kvt_seq_create(p, NULL, &id));
+    prefill(p, id, 1, P - 2, &r); /* tokens 0 .. 5; the step's are 6, 7 | 8 */
+    uint32_t nn = 3;
+    kvt_step_opts so = KVT_STEP_OPTS_INIT;
+    so.flags = KVT_STEP_DENSE;
+    so.n_new = &nn;
+    so.n_rows = 3;
+    kvt_step *st;
+    TU_OK(kvt_step_plan(p, &id, 1, &so, &st));
+    float *k = rand_rows((size_t)3 * D, 2.0f, &r), *v = rand_rows((size_t)3 * D, 1.0f, &r);
+    float *q = rand_rows((size_t)3 * G * D, 2.0f, &r);
+    float out[3 * 2 * 32], lse[3 * 2];
+    k[2 * D + 5] = NAN; /* token 8, the first of page 1 */
+    TU_OK(kvt_step_append(st, 0, k, v, KVT_DTYPE_F32, 0));
+    TU_OK(kvt_step_attend(st, 0, q, out, lse));
+    uint32_t pages[2] = {0, 1};
+    check_seq_rows(&m, id, 0, 0, 3, 2, pages, 1, q, out, lse, 1.0 / sqrt((double)D),
+                   "rows before the NaN key");
+    for (uint32_t g = 0; g < G; g++)
+        assert_true(isnan(lse[2 * G + g]) && isnan(out[(2 * G + g) * D]));
+    TU_OK(kvt_step_finish(st));
+    free(k);
+    free(v);
+    free(q);
+    kvt_pool_destroy(p);
 }
 
 static void test_multi_bad_input(void **state)
@@ -539,6 +610,7 @@ int main(void)
         cmocka_unit_test(test_multi_random),
         cmocka_unit_test(test_chunked_prefill),
         cmocka_unit_test(test_verify_truncate),
+        cmocka_unit_test(test_multi_nonfinite_causal),
         cmocka_unit_test(test_multi_bad_input),
         cmocka_unit_test(test_multi_tiered),
     };

@@ -112,7 +112,9 @@ static void kvt__dec_task(void *ctx, uint32_t t, uint32_t thread)
 
     const uint32_t *sel = st->sel_pages + st->sel_off[ih] + st->task_first[t];
     const size_t base = kvt__lh(p, st->layer, h) * s->cap_pages;
-    bool kbad = false; /* a page holding a NaN or infinite key (set at append) */
+    /* The first position of a page holding a NaN or infinite key (flagged
+     * at append); a row that sees it has no defined attention. */
+    uint32_t badpos = UINT32_MAX;
     /* A page on the disk tier only is read into the thread's bounce block
      * (a dense step over offloaded pages); NULL marks it below. */
     uint8_t *bounce = st->bounce_off ? (uint8_t *)(((uintptr_t)(mem + st->bounce_off) +
@@ -122,7 +124,8 @@ static void kvt__dec_task(void *ctx, uint32_t t, uint32_t thread)
     for (uint32_t j = 0; j < n; j++) {
         const uint32_t pg = sel[j];
         const uint32_t db = s->dev_block[base + pg], hb = s->host_block[base + pg];
-        kbad = kbad || (s->res[base + pg] & KVT__RES_NONFINITE);
+        if ((s->res[base + pg] & KVT__RES_NONFINITE) && pg * P < badpos)
+            badpos = pg * P;
         if (db)
             blocks[j] = kvt__arena_block(&p->tier[KVT_TIER_DEVICE], db);
         else if (hb) /* CPU backend: the host tier is readable in place */
@@ -130,8 +133,9 @@ static void kvt__dec_task(void *ctx, uint32_t t, uint32_t thread)
         else if (bounce && (s->res[base + pg] & KVT_RES_DISK))
             blocks[j] = NULL;
         else {
-            int z = 0;
+            int z = 0; /* a page no tier holds: 1, unless an error came first */
             atomic_compare_exchange_strong(&st->err, &z, 1);
+            __atomic_store_n(&st->run[i], 1, __ATOMIC_RELAXED);
             blocks[j] = kvt__arena_block(&p->tier[KVT_TIER_DEVICE], 0); /* zeros */
         }
         const uint32_t left = tokens - pg * P;
@@ -150,9 +154,12 @@ static void kvt__dec_task(void *ctx, uint32_t t, uint32_t thread)
         if (j < n) { /* page j from disk, in its place in the order */
             const int rc = kvt__disk_read_into(p, kvt__disk_slot(p, s, base / s->cap_pages,
                                                                  sel[j]), bounce);
-            if (rc) {
-                int z = 0;
-                atomic_compare_exchange_strong(&st->err, &z, rc);
+            if (rc) { /* an I/O error wins over a missing page */
+                int cur = atomic_load(&st->err);
+                while ((cur == 0 || cur == 1) &&
+                       !atomic_compare_exchange_weak(&st->err, &cur, rc))
+                    ;
+                __atomic_store_n(&st->run[i], 1, __ATOMIC_RELAXED);
             } else {
                 const uint8_t *b1 = bounce;
                 p->kern->attn(&sh, qs, &b1, ntok + j, pos + j, lm, 1, m, l, acc, sbuf);
@@ -164,8 +171,9 @@ static void kvt__dec_task(void *ctx, uint32_t t, uint32_t thread)
      * group) has no defined attention: the part says so with l = NaN, and
      * the merge turns the head's output and lse NaN, never the zeros and
      * -inf that mean "no tokens", never a silently dropped token. */
-    for (uint32_t g = 0; !(qfin && !kbad) && g < R; g++) {
-        bool bad = kbad;
+    for (uint32_t g = 0; !(qfin && badpos == UINT32_MAX) && g < R; g++) {
+        /* A causal row is bad only if it sees the flagged page. */
+        bool bad = badpos != UINT32_MAX && (!lm || lim[g] > badpos);
         const float *q = st->q + (((size_t)st->row0[i] + g / G) * st->Hq + (size_t)h * G +
                                   g % G) * D;
         for (uint32_t d = 0; !bad && d < D; d++)
@@ -198,7 +206,7 @@ static int kvt__dec_round(kvt_step *st, const uint8_t *rnd, uint8_t round)
         const uint32_t i = ih / st->H, h = ih % st->H;
         if (rnd && rnd[i] != round)
             continue;
-        const uint32_t R = st->nnew[i] * G, tp = kvt__task_pages(R);
+        const uint32_t R = st->nnew[i] * G, tp = kvt__task_pages(st->nnew[i], G);
         const uint64_t pf = (uint64_t)R * (2u + D);
         const uint32_t cnt = st->sel_cnt[ih];
         const uint32_t k = (cnt + tp - 1) / tp;
@@ -356,6 +364,7 @@ KVT_API int kvt_step_decode(kvt_step *st, uint32_t layer, const float *q, float 
     st->out = out;
     st->lse = lse;
     atomic_store(&st->err, 0);
+    memset(st->run, 0, st->n); /* the sequences a task could not read a page of */
     if (!st->tiered) {
         if ((rc = kvt__dec_round(st, NULL, 0)))
             return rc;
@@ -393,16 +402,9 @@ KVT_API int kvt_step_decode(kvt_step *st, uint32_t layer, const float *q, float 
          * as after a failed copy. */
         uint32_t bad = 0;
         for (uint32_t i = 0; i < st->n; i++) {
-            const kvt__seq *s = st->seqs[i];
-            bool miss = false;
-            for (uint32_t h = 0; h < st->H && !miss; h++) {
-                const uint32_t ih = i * st->H + h;
-                const size_t base = kvt__lh(st->pool, layer, h) * s->cap_pages;
-                const uint32_t *sel = st->sel_pages + st->sel_off[ih];
-                for (uint32_t j = 0; j < st->sel_cnt[ih] && !miss; j++)
-                    miss = !s->dev_block[base + sel[j]] && !s->host_block[base + sel[j]];
-            }
-            if (!miss)
+            /* The tasks marked the sequences with a page they could not
+             * read (in no readable tier, or a failed disk read). */
+            if (!__atomic_load_n(&st->run[i], __ATOMIC_RELAXED))
                 continue;
             bad++;
             kvt__dec_empty(st, i, out, lse);

@@ -344,8 +344,17 @@ KVT_API int kvt_step_plan(kvt_pool *pool, const kvt_seq_id *seqs, uint32_t n_seq
             kvt__place_promote_bound(pool, s, ak, aiv, &need_pm, &pm_total);
         /* The new tokens' pages are forced too: at most nn / P + 2 of them. */
         const uint32_t lnew = nn > 1 ? lmax + (nn + P - 1) / P + 1u : lmax;
+        if (tiered && nn > 1) {
+            /* In a step that selects without appending, those pages are old
+             * ones a stable head may have moved out: room to promote them
+             * (their blocks come from the recycle's evictions or its own
+             * KVT_ENOSPC check). */
+            const uint32_t f = lnew - lmax < np ? lnew - lmax : np;
+            for (size_t b = 0; b < (size_t)L * H; b++)
+                pm_total += kvt__stable(pool, b) ? f : 0u;
+        }
         const uint32_t b = dense ? np : kvt__sel_bound(np, kmax, smax, lnew);
-        const uint32_t tp = kvt__task_pages(nn * G);
+        const uint32_t tp = kvt__task_pages(nn, G);
         const uint64_t tasks = (uint64_t)((b + tp - 1) / tp) * H;
         sel_total += (uint64_t)b * H;
         task_total += tasks;
@@ -388,7 +397,7 @@ KVT_API int kvt_step_plan(kvt_pool *pool, const kvt_seq_id *seqs, uint32_t n_seq
      * the rows' causal limits, and the chunk's block pointers and counts. */
     const size_t RG = (size_t)rmax * G;
     size_t dec = (RG * D + RG * P) * sizeof(float) + (RG + 1) * sizeof(uint32_t) +
-                 (size_t)kvt__task_pages((uint32_t)RG) * (sizeof(void *) + 2 * sizeof(uint32_t));
+                 (size_t)kvt__task_pages(rmax, G) * (sizeof(void *) + 2 * sizeof(uint32_t));
     size_t selb = o.selector && !dense ? kvt__sel_scratch_bytes((uint32_t)RG, D, np_max) : 0;
     size_t tstride = ((dec > selb ? dec : selb) + 63u) & ~(size_t)63u;
     /* A disk tier: a bounce block for pages a decode reads from disk. */

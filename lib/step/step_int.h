@@ -73,7 +73,8 @@ struct kvt_step {
     void *ev;                 /* [np_max] eviction candidates of one head (kvt__evc) */
     uint32_t *pml;            /* [np_max] promoted pages of one head */
     uint8_t *failed;          /* [n] a promotion of the sequence failed */
-    uint8_t *run;             /* [n] the CUDA decode's rounds */
+    uint8_t *run;             /* [n] the CUDA decode's rounds; on the CPU, sequences a
+                                 decode task could not read a page of */
 
     /* Arguments of the running job. */
     uint32_t layer;
@@ -97,13 +98,14 @@ KVT__HIDDEN size_t kvt__step_carve(kvt_step *st, const kvt__step_sizes *z, void 
 #define KVT__CHUNK_PAGES 32u
 #define KVT__NO_LAYER 0xffffffffu
 
-/* Pages per decode task of a sequence with `rows` query rows per KV head
- * (n_new x G): KVT__CHUNK_PAGES, more for many rows so that a chunk of
- * prefill keeps few partial results. Depends on the step only, never on the
- * thread count. */
-static inline uint32_t kvt__task_pages(uint32_t rows)
+/* Pages per decode task of a sequence with n_new tokens of G query heads
+ * each: KVT__CHUNK_PAGES for one token (the split it always had), more for
+ * many rows so that a chunk of prefill keeps few partial results. Depends
+ * on the step only, never on the thread count. */
+static inline uint32_t kvt__task_pages(uint32_t n_new, uint32_t G)
 {
-    return KVT__CHUNK_PAGES * (rows <= 64u ? 1u : (rows + 63u) / 64u);
+    const uint32_t rows = n_new * G;
+    return KVT__CHUNK_PAGES * (n_new <= 1u || rows <= 64u ? 1u : (rows + 63u) / 64u);
 }
 /* The `local` pages (full pages before a partial last one, which is
  * forced anyway; lib/core/forced.h) of a selection over a layer holding
