@@ -368,6 +368,18 @@ KVT__INLINE void kvt__vacc(kvt_dtype dt, uint32_t GB, const float *p, const uint
     }
 }
 
+/* dst[t * D + d] = row t of the block's rows src (dtype dt) as f32, t < nt. */
+KVT__INLINE void kvt__widen(kvt_dtype dt, const uint8_t *src, float *dst, uint32_t nt,
+                            uint32_t D)
+{
+    const size_t row = (size_t)D * (dt == KVT_DTYPE_F32 ? 4u : 2u);
+    for (uint32_t t = 0; t < nt; t++)
+        for (uint32_t d = 0; d < D; d += VW) {
+            const uint32_t n = kvt__min_u32(VW, D - d);
+            v_stf(dst + (size_t)t * D + d, v_ld(dt, src + t * row, d, n), n);
+        }
+}
+
 /* ---- attention over a run of pages ---------------------------------------- */
 KVT__INLINE void kvt__attn_dt(kvt_dtype dt, const kvt__attn_shape *sh, const float *q,
                               const uint8_t *const *blocks, const uint32_t *ntok,
@@ -376,6 +388,11 @@ KVT__INLINE void kvt__attn_dt(kvt_dtype dt, const kvt__attn_shape *sh, const flo
 {
     const uint32_t G = sh->G, D = sh->D, P = sh->P;
     const size_t row = (size_t)D * (dt == KVT_DTYPE_F32 ? 4u : 2u);
+    /* Many query rows (a step of several tokens): a half-precision block is
+     * widened once into f32 scratch after the scores, instead of once per
+     * block of GBK rows in each pass. */
+    const bool wide = lim && dt != KVT_DTYPE_F32 && G > GBK;
+    float *kwide = sbuf + (size_t)G * P, *vwide = kwide + (size_t)P * D;
     for (uint32_t i = 0; i < n; i++) {
         const uint8_t *K = blocks[i], *V = blocks[i] + (size_t)P * row;
         const uint32_t nt = ntok[i];
@@ -390,8 +407,15 @@ KVT__INLINE void kvt__attn_dt(kvt_dtype dt, const kvt__attn_shape *sh, const flo
             for (size_t off = 0; off < (size_t)P * row; off += 64)
                 __builtin_prefetch(nb + off, 0, 3);
         uint32_t g = 0;
-        for (; g + GBK <= G; g += GBK)
-            kvt__kdot(dt, GBK, q + (size_t)g * D, K, D, nt, sbuf + (size_t)g * P, P);
+        if (wide) {
+            kvt__widen(dt, K, kwide, nt, D);
+            for (; g + GBK <= G; g += GBK)
+                kvt__kdot(KVT_DTYPE_F32, GBK, q + (size_t)g * D, (const uint8_t *)kwide, D, nt,
+                          sbuf + (size_t)g * P, P);
+        } else {
+            for (; g + GBK <= G; g += GBK)
+                kvt__kdot(dt, GBK, q + (size_t)g * D, K, D, nt, sbuf + (size_t)g * P, P);
+        }
         for (; g < G; g++)
             kvt__kdot(dt, 1, q + (size_t)g * D, K, D, nt, sbuf + (size_t)g * P, P);
         for (g = 0; g < G; g++) {
@@ -422,8 +446,16 @@ KVT__INLINE void kvt__attn_dt(kvt_dtype dt, const kvt__attn_shape *sh, const flo
         if (nb)
             for (size_t off = (size_t)P * row; off < 2 * (size_t)P * row; off += 64)
                 __builtin_prefetch(nb + off, 0, 3);
-        for (g = 0; g + GBK <= G; g += GBK)
-            kvt__vacc(dt, GBK, sbuf + (size_t)g * P, V, D, nt, acc + (size_t)g * D, P);
+        g = 0;
+        if (wide) {
+            kvt__widen(dt, V, vwide, nt, D);
+            for (; g + GBK <= G; g += GBK)
+                kvt__vacc(KVT_DTYPE_F32, GBK, sbuf + (size_t)g * P, (const uint8_t *)vwide, D, nt,
+                          acc + (size_t)g * D, P);
+        } else {
+            for (; g + GBK <= G; g += GBK)
+                kvt__vacc(dt, GBK, sbuf + (size_t)g * P, V, D, nt, acc + (size_t)g * D, P);
+        }
         for (; g < G; g++)
             kvt__vacc(dt, 1, sbuf + (size_t)g * P, V, D, nt, acc + (size_t)g * D, P);
     }

@@ -15,7 +15,8 @@ typedef struct kvt__kernels {
     /* Online-softmax attention of G prescaled queries q [G][D] over n
      * blocks (ntok[i] valid tokens each). Updates the running maximum m[G],
      * denominator l[G] and unnormalised output acc[G][D]; sbuf holds
-     * [G][P] floats of scratch. With lim (causal rows; NULL: none), row g
+     * [G][P] floats of scratch (then 2 * P * D more when lim is set: the
+     * block widened to f32 for many rows). With lim (causal rows; NULL: none), row g
      * sees only the tokens at positions below lim[g], block i's first token
      * being at position pos[i]. (G here is any number of query rows: a
      * step of several tokens passes n_new x G.) */

@@ -84,7 +84,10 @@ static void kvt__dec_task(void *ctx, uint32_t t, uint32_t thread)
     uint8_t *mem = st->tmem + (size_t)thread * st->tstride;
     float *qs = (float *)mem;
     float *sbuf = qs + (size_t)R * D;
-    uint32_t *lim = (uint32_t *)(void *)(sbuf + (size_t)R * P);
+    /* The kernel's scratch: scores [R][P], with several tokens then the
+     * block widened to f32 [2][P][D]. */
+    uint32_t *lim = (uint32_t *)(void *)(sbuf + (size_t)R * P +
+                                          (st->rmax > 1 ? 2u * (size_t)P * D : 0u));
     const uint8_t **blocks = (const uint8_t **)(void *)(lim + ((R + 1u) & ~1u));
     const uint32_t n = st->task_count[t];
     uint32_t *ntok = (uint32_t *)(void *)(blocks + n);

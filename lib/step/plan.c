@@ -396,7 +396,8 @@ KVT_API int kvt_step_plan(kvt_pool *pool, const kvt_seq_id *seqs, uint32_t n_seq
     /* A decode task's scratch: its query rows and their scores of a page,
      * the rows' causal limits, and the chunk's block pointers and counts. */
     const size_t RG = (size_t)rmax * G;
-    size_t dec = (RG * D + RG * P) * sizeof(float) + (RG + 1) * sizeof(uint32_t) +
+    size_t dec = (RG * D + RG * P + (rmax > 1 ? 2u * (size_t)P * D : 0u)) * sizeof(float) +
+                 (RG + 1) * sizeof(uint32_t) +
                  (size_t)kvt__task_pages(rmax, G) * (sizeof(void *) + 2 * sizeof(uint32_t));
     size_t selb = o.selector && !dense ? kvt__sel_scratch_bytes((uint32_t)RG, D, np_max) : 0;
     size_t tstride = ((dec > selb ? dec : selb) + 63u) & ~(size_t)63u;
