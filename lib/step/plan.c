@@ -194,32 +194,9 @@ KVT_API int kvt_step_plan(kvt_pool *pool, const kvt_seq_id *seqs, uint32_t n_seq
                         o.flags & ~KVT__KNOWN_STEP_FLAGS);
     if (o.reserved)
         return kvt__err(KVT_EINVAL, "opts->reserved: must be zero");
-    if (o.max_new > KVT_STEP_MAX_NEW)
-        return kvt__err(KVT_EINVAL, "opts->max_new: %u is above KVT_STEP_MAX_NEW (%u)",
-                        o.max_new, KVT_STEP_MAX_NEW);
-    const uint32_t max_new = o.max_new ? o.max_new : KVT_STEP_MAX_NEW;
     uint32_t rmax = 1;
-    if (o.n_new) {
-        uint64_t sum = 0;
-        for (uint32_t i = 0; i < n_seqs; i++) {
-            if (o.n_new[i] == 0 || o.n_new[i] > max_new)
-                return kvt__err(KVT_EINVAL, "opts->n_new[%u]: %u tokens; a sequence carries 1 "
-                                "to %u (opts->max_new) in a step", i, o.n_new[i], max_new);
-            sum += o.n_new[i];
-            rmax = o.n_new[i] > rmax ? o.n_new[i] : rmax;
-        }
-        if (sum != o.n_rows)
-            return kvt__err(KVT_EINVAL, "opts->n_rows: %u, but opts->n_new sums to %llu over "
-                            "the %u sequences (the rows of k, v, q and out)", o.n_rows,
-                            (unsigned long long)sum, n_seqs);
-        if (rmax > 1 && !(o.flags & KVT_STEP_DENSE) && (pool->be_caps & KVT__BE_NO_MULTI_SPARSE))
-            return kvt__err(KVT_ENOTSUP, "opts->n_new: the CUDA backend takes several tokens "
-                            "per sequence (up to %u given) in KVT_STEP_DENSE steps only in "
-                            "this release", rmax);
-    } else if (o.n_rows) {
-        return kvt__err(KVT_EINVAL, "opts->n_rows: %u without opts->n_new (must be 0: one "
-                        "row per sequence)", o.n_rows);
-    }
+    if ((rc = kvt__plan_new_tokens(pool, &o, n_seqs, &rmax)))
+        return rc;
     if (!(o.scale >= 0.0f) || isinf(o.scale))
         return kvt__err(KVT_EINVAL, "opts->scale: %g is not a finite value >= 0",
                         (double)o.scale);
@@ -621,23 +598,8 @@ KVT_API int kvt_step_finish(kvt_step *st)
         const int rc1 = kvt__place_offload(st->pool, st->seqs, st->ids, st->n, UINT32_MAX, false);
         rc = rc ? rc : rc1;
     }
-    if (st->pool->pol && !st->tiered && st->n_appended == st->L) {
-        /* A dense step in a tiered pool (a chunk of prefill): the full pages
-         * of its sequences of several tokens go out as kvt_seq_append's do
-         * (the plan made device room for every layer's; later chunks read
-         * them where they land). A failed copy-out leaves them on device;
-         * the next pass retries. */
-        for (uint32_t i = 0; i < st->n; i++) {
-            kvt__seq *s = st->seqs[i];
-            if (st->nnew[i] < 2 || !s->live || s->gen != (uint32_t)(st->ids[i] >> 32))
-                continue;
-            for (uint32_t l = 0; l < st->L; l++)
-                kvt__place_after_append(st->pool, s, st->ids[i], l,
-                                        s->n_tokens[l] - st->nnew[i]);
-        }
-        if (!rc)
-            kvt_clear_error();
-    }
+    if (st->pool->pol && !st->tiered && st->n_appended == st->L)
+        kvt__step_chunk_offload(st);
     if (st->pool->be->step_finish) {
         const int rc2 = st->pool->be->step_finish(st);
         rc = rc ? rc : rc2;

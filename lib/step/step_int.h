@@ -139,6 +139,14 @@ KVT__HIDDEN void kvt__settle(kvt_step *st, uint32_t i, bool count);
 /* after failed promotions, makes the heads whose pages did not arrive
  * rescore, and clears the recorded outcomes. */
 KVT__HIDDEN void kvt__fail_reset(kvt_step *st, uint32_t i);
+/* Steps of several tokens (multi.c): the plan's check of opts->n_new,
+ * n_rows and max_new (*rmax: the largest count); */
+KVT__HIDDEN int kvt__plan_new_tokens(const kvt_pool *pool, const kvt_step_opts *o,
+                                     uint32_t n_seqs, uint32_t *rmax);
+/* at the finish of a dense step in a tiered pool, the full pages of its
+ * sequences of several tokens go out as kvt_seq_append's do (a failed
+ * copy-out leaves them on device; the error is not kept). */
+KVT__HIDDEN void kvt__step_chunk_offload(kvt_step *st);
 /* The selection of a layer (kvt_step_select's work). */
 KVT__HIDDEN int kvt__select(kvt_step *st, uint32_t layer, const float *q);
 
