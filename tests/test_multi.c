@@ -5,7 +5,8 @@
  *     of sequence i (token T - n_new + j) over the tokens of the pages the
  *     step selected (all of them when dense) at positions <= its own, K/V
  *     read back with kvt_seq_read_kv; random n_new per sequence in a batch,
- *     random geometry and dtype, dense and sparse;
+ *     random geometry and dtype, dense and sparse, on the portable, AVX2
+ *     and best kernels;
  *   - a sparse selection: every page holding a new token selected, and the
  *     top-K part against the SUM of MINMAX bounds over all n_new x G query
  *     rows recomputed in double from kvt_seq_page_meta_get;
@@ -254,7 +255,14 @@ static void test_multi_random(void **state)
     (void)state;
     tu_rng r = {0x5eed0024};
     static const kvt_dtype dts[] = {KVT_DTYPE_F32, KVT_DTYPE_F16, KVT_DTYPE_BF16};
-    for (int it = 0; it < 8; it++) {
+    /* Every kernel this CPU runs (KVTIER_SIMD caps the pool's choice at
+     * creation): the many-row tiles differ per ISA. */
+    static const char *const isas[] = {"portable", "avx2", NULL};
+    for (int it = 0; it < 12; it++) {
+        if (isas[it % 3])
+            setenv("KVTIER_SIMD", isas[it % 3], 1);
+        else
+            unsetenv("KVTIER_SIMD");
         const uint32_t L = 2, H = 1 + tu_below(&r, 2), G = 1u << tu_below(&r, 3);
         const uint32_t D = 32u << tu_below(&r, 2), P = 8u << tu_below(&r, 2);
         const kvt_dtype dt = dts[tu_below(&r, 3)];
@@ -289,6 +297,7 @@ static void test_multi_random(void **state)
         kvt_selector_destroy(sel);
         kvt_pool_destroy(p);
     }
+    unsetenv("KVTIER_SIMD");
 }
 
 /* Chunked prefill == whole-prompt causal attention, row for row: a prompt
