@@ -5,15 +5,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static uint32_t argmax_row(const float *x, uint32_t n)
-{
-    uint32_t b = 0;
-    for (uint32_t i = 1; i < n; i++)
-        if (x[i] > x[b])
-            b = i;
-    return b;
-}
-
 static void truncate_or_die(kvcache *kc, uint32_t n)
 {
     int rc = kvt_seq_truncate(kc->pool, kc->seq, n);
@@ -45,17 +36,17 @@ uint32_t draft_generate(const model *m, kvcache *kc, int32_t first, uint32_t pos
         d[0] = tok;
         for (uint32_t k = 1; k <= n; k++) {
             engine_decode(m, kc, d[k - 1], pos + k - 1, w);
-            d[k] = (int32_t)argmax_row(w->logits, V);
+            d[k] = (int32_t)argmax(w->logits, V);
         }
         truncate_or_die(kc, pos); /* the draft's K/V goes */
         /* Verify: d[0..n] as one dense step of n + 1 tokens; row j's logits
          * give dense's token after d[j]. */
         engine_step(m, kc, d, n + 1, pos, 1, 1, w, NULL, 0, 0);
         uint32_t a = 0;
-        while (a < n && (int32_t)argmax_row(w->logits + (size_t)a * V, V) == d[a + 1] &&
+        while (a < n && (int32_t)argmax(w->logits + (size_t)a * V, V) == d[a + 1] &&
                d[a + 1] != eos)
             a++;
-        const int32_t next = (int32_t)argmax_row(w->logits + (size_t)a * V, V);
+        const int32_t next = (int32_t)argmax(w->logits + (size_t)a * V, V);
         /* Keep d[0..a] in the cache (a + 1 tokens), drop the rejected. */
         truncate_or_die(kc, pos + a + 1);
         for (uint32_t j = 1; j <= a && have < gen; j++)

@@ -28,11 +28,20 @@ static void *xmalloc(size_t n)
     return p;
 }
 
-static double now_s(void)
+double now_s(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+uint32_t argmax(const float *x, uint32_t n)
+{
+    uint32_t b = 0;
+    for (uint32_t i = 1; i < n; i++)
+        if (x[i] > x[b])
+            b = i;
+    return b;
 }
 
 void work_init_rows(work *w, const model_cfg *c, uint32_t rows)

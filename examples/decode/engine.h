@@ -10,6 +10,12 @@
 
 #include "model.h"
 
+/* Seconds on the monotonic clock. */
+double now_s(void);
+/* The index of the largest of x[0..n) (the first of equal ones): greedy
+ * sampling. */
+uint32_t argmax(const float *x, uint32_t n);
+
 /* The options a cache needs (from the command line). */
 typedef struct engine_opts {
     uint32_t budget;     /* tokens each head attends (top-K pages x page size) */

@@ -27,7 +27,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <kvtier/kvtier.h>
@@ -69,12 +68,6 @@ static void *xmalloc(size_t n)
     return p;
 }
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* ---- options ------------------------------------------------------------------- */
 typedef struct opts {
@@ -225,15 +218,6 @@ static uint64_t rng_next(uint64_t *s)
     *s ^= *s >> 7;
     *s ^= *s << 17;
     return *s;
-}
-
-static uint32_t argmax(const float *x, uint32_t n)
-{
-    uint32_t b = 0;
-    for (uint32_t i = 1; i < n; i++)
-        if (x[i] > x[b])
-            b = i;
-    return b;
 }
 
 typedef struct {
