@@ -534,6 +534,19 @@ static void test_multi_nonfinite_causal(void **state)
     kvt_pool_destroy(p);
 }
 
+/* Both sequences of ids hold t0 and t1 tokens in each of L layers. */
+static void expect_lengths(const kvt_pool *p, const kvt_seq_id *ids, uint32_t L, uint32_t t0,
+                           uint32_t t1)
+{
+    for (uint32_t l = 0; l < L; l++) {
+        uint32_t t;
+        TU_OK(kvt_seq_length_get(p, ids[0], l, &t));
+        assert_int_equal(t, t0);
+        TU_OK(kvt_seq_length_get(p, ids[1], l, &t));
+        assert_int_equal(t, t1);
+    }
+}
+
 static void test_multi_bad_input(void **state)
 {
     (void)state;
@@ -574,13 +587,7 @@ static void test_multi_bad_input(void **state)
     TU_EXPECT_ERR(kvt_step_plan(p, ids, 2, &so, &st), KVT_EINVAL, "n_rows");
     assert_null(st);
     /* Nothing was appended. */
-    for (uint32_t l = 0; l < 2; l++) {
-        uint32_t t;
-        TU_OK(kvt_seq_length_get(p, ids[0], l, &t));
-        assert_int_equal(t, 10);
-        TU_OK(kvt_seq_length_get(p, ids[1], l, &t));
-        assert_int_equal(t, 30);
-    }
+    expect_lengths(p, ids, 2, 10, 30);
     /* A step that appends some layers only: finish takes every token of
      * each sequence back (KVT_ESTATE naming the layer it missed). */
     nn[0] = 3;
@@ -595,13 +602,7 @@ static void test_multi_bad_input(void **state)
         free(v);
     }
     TU_EXPECT_ERR(kvt_step_finish(st), KVT_ESTATE, "layer 1");
-    for (uint32_t l = 0; l < 2; l++) {
-        uint32_t t;
-        TU_OK(kvt_seq_length_get(p, ids[0], l, &t));
-        assert_int_equal(t, 10);
-        TU_OK(kvt_seq_length_get(p, ids[1], l, &t));
-        assert_int_equal(t, 30);
-    }
+    expect_lengths(p, ids, 2, 10, 30);
     TU_CHECK(p);
     /* The first layout (struct_size 48) still plans one token each. */
     kvt_step_opts old = KVT_STEP_OPTS_INIT;
