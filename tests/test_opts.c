@@ -61,9 +61,13 @@ static void test_struct_size(void **state)
     TU_EXPECT_ERR(kvt_pool_create(&o, &p), KVT_EINVAL, "struct_size");
     o.struct_size = 0;
     TU_EXPECT_ERR(kvt_pool_create(&o, &p), KVT_EINVAL, "struct_size");
-    o.struct_size = sizeof o - 1;
+    o.struct_size = offsetof(kvt_pool_opts, prefix_cache_bytes) - 1; /* below the first layout */
     TU_EXPECT_ERR(kvt_pool_create(&o, &p), KVT_EINVAL, "struct_size");
     assert_null(p);
+    o.struct_size = offsetof(kvt_pool_opts, prefix_cache_bytes); /* the first layout (0.1) */
+    TU_OK(kvt_pool_create(&o, &p));
+    kvt_pool_destroy(p);
+    p = NULL;
 
     /* A newer caller's larger struct: accepted while the unknown tail is 0. */
     struct {

@@ -13,5 +13,6 @@
 #include "kvtier/policy.h"
 #include "kvtier/step.h"
 #include "kvtier/mover.h"
+#include "kvtier/prefix.h"
 
 #endif /* KVTIER_KVTIER_H */

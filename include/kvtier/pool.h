@@ -29,6 +29,10 @@ typedef uint32_t kvt_numa_policy;
 #define KVT_POOL_HUGEPAGES (1u << 0) /* madvise(MADV_HUGEPAGE) the host arena
                                         (the CPU backend's device arena and the
                                         metadata store always ask for them) */
+#define KVT_POOL_PREFIX_CACHE (1u << 1) /* the prefix cache (kvtier/prefix.h):
+                                           full pages whose token ids are known
+                                           are indexed by content and outlive
+                                           their sequences until reclaimed */
 
 /* Limits of the options. */
 #define KVT_MAX_SEQS_DEFAULT       1024u
@@ -74,11 +78,19 @@ typedef struct kvt_pool_opts {
                                     target_tokens tokens, under the policy
                                     (none: every page on device), as
                                     kvt_pool_sizing_get computes it */
+    /* Appended after the first layout (a struct_size of 136 reads it as
+     * zero). */
+    uint64_t prefix_cache_bytes[KVT_NUM_TIERS]; /* with KVT_POOL_PREFIX_CACHE:
+                                    the most bytes of each tier (device,
+                                    host, disk) that cached pages no
+                                    sequence holds may keep; 0 = no cap but
+                                    the tier's size (less than a block:
+                                    none kept there) */
 } kvt_pool_opts;
 
 /* Positional form for C; C++ code should call kvt_pool_opts_init(). */
 #define KVT_POOL_OPTS_INIT { (uint32_t)sizeof(kvt_pool_opts), 0, {0, 0, 0, 0, 0, 0, {0, 0}}, \
-                             0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
+                             0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, {0, 0, 0} }
 
 /* Fills *opts with the defaults, written out (page_tokens 16, f16, the
  * sequence limits); n_layers, n_kv_heads, head_dim and device_bytes stay 0
@@ -169,6 +181,20 @@ typedef struct kvt_stats {
     uint64_t reranked_heads;    /* (sequence, layer, head) rescored */
     uint64_t paused_seqs;       /* (sequence, layer) decodes that waited for
                                    promoted pages */
+    /* Prefix cache (kvtier/prefix.h), appended after the first layout (a
+     * struct_size of 328 leaves them out). A physical page is one (layer,
+     * KV head) page. Counters are cumulative since the pool was created. */
+    uint64_t prefix_lookups;    /* kvt_seq_create calls with a prefix */
+    uint64_t prefix_hit_tokens; /* prefix tokens attached from the cache */
+    uint64_t prefix_miss_tokens; /* prefix tokens asked for and not attached */
+    uint64_t prefix_hit_pages;  /* physical pages attached */
+    uint64_t prefix_keyed_pages; /* physical pages in the index now (held
+                                    by sequences or cached) */
+    uint64_t prefix_cached_pages[KVT_NUM_TIERS]; /* copies, per tier, of
+                                    cached pages no sequence holds (now) */
+    uint64_t prefix_reclaimed_pages; /* cached physical pages freed to make
+                                    room or to keep a tier under its cap */
+    uint64_t prefix_dropped_pages; /* ... freed by kvt_prefix_drop(_all) */
 } kvt_stats;
 
 /* Fills the first stats->struct_size bytes of *stats. */
@@ -191,12 +217,30 @@ typedef struct kvt_seq_opts {
     uint32_t struct_size;  /* sizeof(kvt_seq_opts) */
     uint32_t max_tokens;   /* token limit; 0 = the pool's max_seq_tokens */
     uint64_t user_data;    /* opaque, reported by kvt_seq_info */
+    /* Appended after the first layout (a struct_size of 16 reads these as
+     * zero): the prefix cache (kvtier/prefix.h). */
+    uint64_t salt;         /* separates models, adapters and tenants: pages
+                              are only ever matched under the salt they were
+                              keyed with; 0 = the default salt */
+    const uint32_t *prefix; /* [n_prefix] token ids the sequence starts with
+                               (kvt_seq_create: the longest cached prefix of
+                               whole pages is attached; the ids become the
+                               sequence's, as kvt_seq_tokens_set). NULL = none */
+    uint32_t n_prefix;     /* ids in prefix; at most max_tokens */
+    uint32_t reserved;     /* must be zero */
 } kvt_seq_opts;
 
-#define KVT_SEQ_OPTS_INIT { (uint32_t)sizeof(kvt_seq_opts), 0, 0 }
+#define KVT_SEQ_OPTS_INIT { (uint32_t)sizeof(kvt_seq_opts), 0, 0, 0, NULL, 0, 0 }
 KVT_API int kvt_seq_opts_init(kvt_seq_opts *opts);
 
-/* Creates an empty sequence; opts may be NULL for the defaults. */
+/* Creates a sequence; opts may be NULL for the defaults. With
+ * opts->prefix, a pool with KVT_POOL_PREFIX_CACHE attaches the longest run
+ * of whole cached pages that matches the prefix under opts->salt (the
+ * sequence starts that many tokens long: kvt_seq_info_get's n_tokens and
+ * prefix_tokens; the engine prefills the rest); without the cache nothing
+ * is attached. Attaching is bookkeeping: the pages stay in whichever tier
+ * holds them (a tiered pool brings the ones its placement needs on device
+ * first). */
 KVT_API int kvt_seq_create(kvt_pool *pool, const kvt_seq_opts *opts, kvt_seq_id *out);
 /* Frees every page of the sequence in every tier. The id becomes invalid. */
 KVT_API int kvt_seq_release(kvt_pool *pool, kvt_seq_id seq);
@@ -225,6 +269,11 @@ typedef struct kvt_seq_info {
     uint64_t user_data;
     uint64_t pages;             /* pages over all layers and KV heads */
     uint64_t pages_in_tier[KVT_NUM_TIERS];
+    /* Appended after the first layout (struct_size 56). */
+    uint32_t prefix_tokens;     /* tokens attached from the prefix cache at
+                                   creation */
+    uint32_t token_ids;         /* positions whose token ids are known */
+    uint64_t salt;              /* the salt the sequence was created with */
 } kvt_seq_info;
 KVT_API int kvt_seq_info_get(const kvt_pool *pool, kvt_seq_id seq, kvt_seq_info *info);
 
@@ -282,7 +331,8 @@ KVT_API int kvt_seq_page_meta_get(const kvt_pool *pool, kvt_seq_id seq, uint32_t
  * that includes the sequence is open (KVT_ESTATE). */
 
 /* A new sequence that shares every full page of src in every layer and KV
- * head; the partially filled last page of each (layer, head) is copied into
+ * head (and src's token ids; opts->salt must be src's salt, and opts->prefix
+ * NULL); the partially filled last page of each (layer, head) is copied into
  * a fresh device block (appending to a shared page never happens: pages are
  * shared only once full). The child inherits src's lengths, page metadata
  * and selection state (so its first step need not rerank). opts may be

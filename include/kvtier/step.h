@@ -104,12 +104,23 @@ typedef struct kvt_step_opts {
     uint32_t max_new;            /* the largest n_new[i] this plan accepts
                                     (1 .. KVT_STEP_MAX_NEW); 0 =
                                     KVT_STEP_MAX_NEW */
+    /* Appended after n_new (a struct_size of 64 reads it as zero). */
+    const uint32_t *token_ids;   /* the token id of every row (n_rows, or one
+                                    per sequence without n_new), in the
+                                    rows' order; copied at the plan and
+                                    recorded as the sequences' ids
+                                    (kvt_seq_tokens_set) when the step has
+                                    appended every layer, which keys the
+                                    pages they fill for the prefix cache.
+                                    NULL = none */
+    uint32_t n_token_ids;        /* entries of token_ids: must equal the rows */
+    uint32_t reserved2;          /* must be zero */
 } kvt_step_opts;
 
 /* The most tokens one sequence may carry in a step (kvt_step_opts.max_new). */
 #define KVT_STEP_MAX_NEW 8192u
 
-#define KVT_STEP_OPTS_INIT { (uint32_t)sizeof(kvt_step_opts), 0u, NULL, NULL, NULL, NULL, 0.0f, 0u, NULL, 0u, 0u }
+#define KVT_STEP_OPTS_INIT { (uint32_t)sizeof(kvt_step_opts), 0u, NULL, NULL, NULL, NULL, 0.0f, 0u, NULL, 0u, 0u, NULL, 0u, 0u }
 KVT_API int kvt_step_opts_init(kvt_step_opts *opts);
 
 /* Plans one decode step over n_seqs distinct live sequences: checks them

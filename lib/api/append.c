@@ -54,6 +54,8 @@ KVT_API int kvt_seq_append(kvt_pool *pool, kvt_seq_id seq, uint32_t layer, const
     const uint32_t pages_after = kvt__pages_for(pool, end);
     const uint64_t need = (uint64_t)(pages_after - pages_before) * H;
     kvt__arena *dev = &pool->tier[KVT_TIER_DEVICE];
+    kvt__pfx_make_room(pool, KVT_TIER_DEVICE, need); /* cached pages no sequence holds */
+    kvt__pfx_make_room(pool, KVT_NUM_TIERS, need);
     if (need > dev->n_free)
         return kvt__err(KVT_ENOSPC, "device tier: %llu blocks needed for layer %u, %u free",
                         (unsigned long long)need, layer, dev->n_free);
@@ -73,6 +75,7 @@ KVT_API int kvt_seq_append(kvt_pool *pool, kvt_seq_id seq, uint32_t layer, const
         kvt__place_after_append(pool, s, seq, layer, cur);
         kvt_clear_error();
     }
+    kvt__pfx_register(pool, s); /* pages every layer now holds full, ids known */
     return 0;
 }
 

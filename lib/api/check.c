@@ -178,6 +178,15 @@ static int kvt__check_seq(const kvt_pool *p, uint32_t si, kvt__mark *marks, kvt_
                 bool canon = true;
                 if ((rc = kvt__check_holders(p, s, si, l, h, pg, &canon)))
                     return rc;
+                {
+                    const uint32_t hv = p->pg_hold[s->meta_slot[e]];
+                    const kvt__seq *hs = hv && hv <= p->max_seqs ? &p->seqs[hv - 1u] : NULL;
+                    if (!hs || !hs->live || hs->cap_pages <= pg ||
+                        hs->meta_slot[kvt__lh(p, l, h) * hs->cap_pages + pg] != s->meta_slot[e])
+                        return kvt__err(KVT_EINTERNAL, "seq slot %u layer %u head %u page %u: "
+                                        "the page's recorded holder (%u) does not hold it",
+                                        si, l, h, pg, hv);
+                }
                 busy += canon && (r & KVT__RES_BUSY);
                 /* Tiered placement: an unstable head keeps every page on
                  * device, a stable head at least its forced pages. */
@@ -267,6 +276,26 @@ static void kvt__resv_mark(void *ctx, uint32_t tier, uint32_t blk)
         c->marks[tier].owned[blk] = 1;
 }
 
+/* Blocks and metadata slots of cached pages no sequence holds. */
+typedef struct {
+    const kvt_pool *p;
+    kvt__mark *marks, *meta;
+    int rc;
+} kvt__pfx_ctx;
+
+static void kvt__pfx_mark(void *ctx, uint32_t tier, uint32_t blk)
+{
+    kvt__pfx_ctx *c = ctx;
+    if (c->rc)
+        return;
+    if (tier == KVT_NUM_TIERS)
+        c->rc = kvt__claim(&c->p->meta, c->meta, blk, "metadata store (prefix cache)",
+                           UINT32_MAX, 0, 0, 0);
+    else
+        c->rc = kvt__claim(&c->p->tier[tier], &c->marks[tier], blk, names[tier], UINT32_MAX,
+                           0, 0, 0);
+}
+
 KVT_API int kvt_pool_check(const kvt_pool *pool)
 {
     KVT__CHECK_NULL(pool);
@@ -313,6 +342,11 @@ KVT_API int kvt_pool_check(const kvt_pool *pool)
     if (!rc && busy_pages != busy_moves)
         rc = kvt__err(KVT_EINTERNAL, "sequences count %llu moves in flight, tables mark %llu "
                       "pages", (unsigned long long)busy_moves, (unsigned long long)busy_pages);
+    if (!rc) { /* the prefix cache's pages no sequence holds */
+        kvt__pfx_ctx c = {pool, marks, &meta, 0};
+        rc = kvt__pfx_check(pool, kvt__pfx_mark, &c, pages);
+        rc = rc ? rc : c.rc;
+    }
     if (!rc) {
         kvt__resv_ctx c = {pool, marks, 0};
         kvt__mover_reserved(pool->mover, kvt__resv_mark, &c);

@@ -307,6 +307,9 @@ KVT_API int kvt_seq_restore(kvt_pool *pool, const kvt_seq_opts *opts, kvt_read_f
     if (opts) {
         if ((rc = kvt__opts_copy(&o, sizeof o, opts, KVT__SEQ_OPTS_V1, "opts")))
             return rc;
+        if (o.prefix || o.n_prefix)
+            return kvt__err(KVT_EINVAL, "opts->prefix: a restored sequence's rows come from "
+                            "the stream (set prefix NULL and n_prefix 0)");
     } else {
         kvt_seq_opts_init(&o);
     }

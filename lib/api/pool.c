@@ -19,15 +19,16 @@
 #define KVT__POOL_OPTS_V1 136u
 #define KVT__POOL_STATS_V1 328u
 _Static_assert(offsetof(kvt_pool_opts, target_tokens) + 8 == KVT__POOL_OPTS_V1 &&
-               sizeof(kvt_pool_opts) == KVT__POOL_OPTS_V1, "pool opts v1");
+               offsetof(kvt_pool_opts, prefix_cache_bytes) == KVT__POOL_OPTS_V1,
+               "pool opts v1, then the prefix cache's caps");
 _Static_assert(offsetof(kvt_stats, paused_seqs) + 8 == KVT__POOL_STATS_V1 &&
-               sizeof(kvt_stats) == KVT__POOL_STATS_V1,
-               "stats v1");
+               offsetof(kvt_stats, prefix_lookups) == KVT__POOL_STATS_V1,
+               "stats v1, then the prefix cache's");
 
 /* Pool tags for sequence ids; a counter so that pools created one after
  * another never share a tag until 2047 pools later. */
 static _Atomic uint32_t kvt__next_tag = 0;
-#define KVT__KNOWN_POOL_FLAGS (KVT_POOL_HUGEPAGES)
+#define KVT__KNOWN_POOL_FLAGS (KVT_POOL_HUGEPAGES | KVT_POOL_PREFIX_CACHE)
 
 KVT_API int kvt_pool_opts_init(kvt_pool_opts *opts)
 {
@@ -75,6 +76,11 @@ static int kvt__validate_opts(const kvt_pool_opts *o, kvt_pool *p)
     if (o->flags & ~KVT__KNOWN_POOL_FLAGS)
         return kvt__err(KVT_EINVAL, "opts->flags: unknown bits 0x%x",
                         o->flags & ~KVT__KNOWN_POOL_FLAGS);
+    for (uint32_t t = 0; t < KVT_NUM_TIERS; t++)
+        if (o->prefix_cache_bytes[t] && !(o->flags & KVT_POOL_PREFIX_CACHE))
+            return kvt__err(KVT_EINVAL, "opts->prefix_cache_bytes[%u]: %llu without "
+                            "KVT_POOL_PREFIX_CACHE in opts->flags", t,
+                            (unsigned long long)o->prefix_cache_bytes[t]);
     if (o->host_numa > KVT_NUMA_INTERLEAVE)
         return kvt__err(KVT_EINVAL, "opts->host_numa: %u is not a NUMA policy (local, node or "
                         "interleave)", o->host_numa);
@@ -235,12 +241,15 @@ KVT_API int kvt_pool_create(const kvt_pool_opts *opts, kvt_pool **out)
      * counts, and their disk slots. */
     p->pg_ref = calloc((size_t)meta_slots, sizeof *p->pg_ref);
     p->pg_mark = calloc((size_t)meta_slots, sizeof *p->pg_mark);
-    if (!p->pg_ref || !p->pg_mark) {
+    p->pg_hold = calloc((size_t)meta_slots, sizeof *p->pg_hold);
+    if (!p->pg_ref || !p->pg_mark || !p->pg_hold) {
         rc = kvt__err(KVT_ENOMEM, "kvt_pool_create: cannot allocate the reference counts of "
                       "%llu pages", (unsigned long long)meta_slots);
         goto fail;
     }
     if (p->disk && (rc = kvt__disk_pages_init(p->disk, (uint32_t)meta_slots)))
+        goto fail;
+    if ((o.flags & KVT_POOL_PREFIX_CACHE) && (rc = kvt__pfx_create(p, o.prefix_cache_bytes)))
         goto fail;
 
     p->be = cuda ? &kvt__backend_cuda : &kvt__backend_cpu;
@@ -290,9 +299,11 @@ KVT_API void kvt_pool_destroy(kvt_pool *p)
         kvt__arena_fini(&p->tier[t]);
     kvt__arena_fini(&p->meta);
     kvt__disk_close(p->disk);
+    kvt__pfx_destroy(p);
     free(p->host_owner);
     free(p->pg_ref);
     free(p->pg_mark);
+    free(p->pg_hold);
     free(p->seqs);
     free(p->free_seq);
     free(p->scratch);
@@ -362,6 +373,17 @@ KVT_API int kvt_pool_stats_get(const kvt_pool *pool, kvt_stats *stats)
     s.offloaded_pages = pool->pst.offloaded;
     s.reranked_heads = pool->pst.reranked;
     s.paused_seqs = pool->pst.paused;
+    const kvt__pfx *x = pool->pfx;
+    if (x) {
+        s.prefix_lookups = x->lookups;
+        s.prefix_hit_tokens = x->hit_tokens;
+        s.prefix_miss_tokens = x->miss_tokens;
+        s.prefix_hit_pages = x->hit_pages;
+        s.prefix_keyed_pages = x->keyed;
+        memcpy(s.prefix_cached_pages, x->cached, sizeof s.prefix_cached_pages);
+        s.prefix_reclaimed_pages = x->reclaimed;
+        s.prefix_dropped_pages = x->dropped;
+    }
     memcpy(stats, &s, fill);
     return 0;
 }

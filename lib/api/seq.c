@@ -3,6 +3,7 @@
  * storage itself (ids, lookup, tables) is lib/core/seq.c. */
 #include <math.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -42,6 +43,13 @@ KVT_API int kvt_seq_create(kvt_pool *pool, const kvt_seq_opts *opts, kvt_seq_id 
     if (max_tokens > pool->max_seq_tokens)
         return kvt__err(KVT_EINVAL, "opts->max_tokens: %u is above the pool's max_seq_tokens %u",
                         o.max_tokens, pool->max_seq_tokens);
+    if (o.reserved)
+        return kvt__err(KVT_EINVAL, "opts->reserved: must be zero (is %u)", o.reserved);
+    if (o.n_prefix && !o.prefix)
+        return kvt__err(KVT_EINVAL, "opts->prefix: NULL with n_prefix %u", o.n_prefix);
+    if (o.n_prefix > max_tokens)
+        return kvt__err(KVT_EINVAL, "opts->n_prefix: %u ids are more than the sequence's "
+                        "max_tokens %u", o.n_prefix, max_tokens);
     if (pool->n_free_seq == 0)
         return kvt__err(KVT_ENOSPC, "kvt_seq_create: all %u sequence slots are live "
                         "(pool max_seqs)", pool->max_seqs);
@@ -79,8 +87,20 @@ KVT_API int kvt_seq_create(kvt_pool *pool, const kvt_seq_opts *opts, kvt_seq_id 
     pool->phase_next = best + 1u;
     s->max_tokens = max_tokens;
     s->user_data = o.user_data;
+    s->pfx.salt = o.salt;
     pool->n_live++;
-    *out = kvt__seq_id_make(pool, slot, s->gen);
+    const kvt_seq_id id = kvt__seq_id_make(pool, slot, s->gen);
+    if (o.n_prefix) { /* the longest cached prefix, then the rest of its ids */
+        uint32_t matched;
+        int rc = kvt__pfx_attach(pool, s, id, o.prefix, o.n_prefix, &matched);
+        if (rc) {
+            char why[256]; /* (the message buffer is the one kvt__err writes) */
+            snprintf(why, sizeof why, "%s", kvt_last_error());
+            kvt_seq_release(pool, id); /* what it attached goes back to the cache */
+            return kvt__err(rc, "%s", why);
+        }
+    }
+    *out = id;
     return 0;
 }
 
@@ -88,8 +108,10 @@ static void kvt__seq_free_pages(kvt_pool *p, kvt__seq *s)
 {
     for (uint32_t l = 0; l < p->g.n_layers; l++) {
         uint32_t n_pages = kvt__pages_for(p, s->n_tokens[l]);
+        /* Last page first: cached pages join the prefix cache's LRU list
+         * deepest first, so a prefix is reclaimed after its extensions. */
         for (uint32_t h = 0; h < p->g.n_kv_heads; h++)
-            for (uint32_t pg = 0; pg < n_pages; pg++)
+            for (uint32_t pg = n_pages; pg-- > 0;)
                 kvt__page_letgo(p, s, kvt__lh(p, l, h), pg);
         s->n_tokens[l] = 0;
     }
@@ -179,6 +201,9 @@ KVT_API int kvt_seq_info_get(const kvt_pool *pool, kvt_seq_id seq, kvt_seq_info 
         r.pages += (uint64_t)kvt__pages_for(pool, n) * pool->g.n_kv_heads;
     }
     memcpy(r.pages_in_tier, s->pages_in_tier, sizeof r.pages_in_tier);
+    r.prefix_tokens = s->pfx.matched;
+    r.token_ids = s->pfx.n_ids;
+    r.salt = s->pfx.salt;
     memcpy(info, &r, fill);
     return 0;
 }

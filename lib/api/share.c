@@ -38,6 +38,10 @@ void kvt__page_letgo(kvt_pool *p, kvt__seq *s, size_t lh, uint32_t page)
         return; /* an empty entry: nothing to let go */
     if (!kvt__page_unshare(p, s, lh, page))
         return; /* other sequences hold it: s's view is cleared */
+    if (kvt__pfx_indexed(p, s->meta_slot[e])) {
+        kvt__pfx_detach(p, s, lh, page); /* cached: it outlives its last holder */
+        return;
+    }
     const uint8_t r = s->res[e];
     if (r & KVT_RES_DEVICE)
         kvt__arena_free(&p->tier[KVT_TIER_DEVICE], s->dev_block[e]);
@@ -47,6 +51,7 @@ void kvt__page_letgo(kvt_pool *p, kvt__seq *s, size_t lh, uint32_t page)
     }
     kvt__disk_page_free(p, s->meta_slot[e]);
     p->pg_ref[s->meta_slot[e]] = 0;
+    p->pg_hold[s->meta_slot[e]] = 0;
     kvt__arena_free(&p->meta, s->meta_slot[e]);
     for (uint32_t t = 0; t < KVT_NUM_TIERS; t++)
         if (r & (1u << t)) {
@@ -153,11 +158,20 @@ KVT_API int kvt_seq_fork(kvt_pool *pool, kvt_seq_id src, const kvt_seq_opts *opt
     }
     if (!o.max_tokens)
         o.max_tokens = s->max_tokens;
+    if (o.prefix || o.n_prefix)
+        return kvt__err(KVT_EINVAL, "opts->prefix: a fork starts with its parent's tokens "
+                        "(set prefix NULL and n_prefix 0)");
+    if (o.salt != s->pfx.salt)
+        return kvt__err(KVT_EINVAL, "opts->salt: 0x%llx, but the sequence forked has salt "
+                        "0x%llx (a fork shares its parent's keyed pages)",
+                        (unsigned long long)o.salt, (unsigned long long)s->pfx.salt);
     if (o.max_tokens < longest)
         return kvt__err(KVT_EINVAL, "opts->max_tokens: %u is below the %u tokens of the "
                         "sequence forked", o.max_tokens, longest);
     /* Room for the copied last pages, before anything changes. */
     const uint64_t need = (uint64_t)partial * H;
+    kvt__pfx_make_room(pool, KVT_TIER_DEVICE, need);
+    kvt__pfx_make_room(pool, KVT_NUM_TIERS, need);
     if (pool->tier[KVT_TIER_DEVICE].n_free < need || pool->meta.n_free < need)
         return kvt__err(KVT_ENOSPC, "kvt_seq_fork: the copied last pages need %llu device "
                         "blocks and metadata slots; %u and %u are free",
@@ -208,6 +222,7 @@ KVT_API int kvt_seq_fork(kvt_pool *pool, kvt_seq_id src, const kvt_seq_opts *opt
                 c->res[e] = (uint8_t)(KVT_RES_DEVICE |
                                       (s->res[lh * s->cap_pages + full] & KVT__RES_NONFINITE));
                 pool->pg_ref[c->meta_slot[e]] = 1;
+                pool->pg_hold[c->meta_slot[e]] = (uint32_t)(c - pool->seqs) + 1u;
                 c->pages_in_tier[KVT_TIER_DEVICE]++;
                 pool->pages_in_tier[KVT_TIER_DEVICE]++;
                 kvt__dirty(pool, c, lh, full);
@@ -226,7 +241,8 @@ KVT_API int kvt_seq_fork(kvt_pool *pool, kvt_seq_id src, const kvt_seq_opts *opt
         memcpy(c->sel.topk_k, s->sel.topk_k, (size_t)L * H * sizeof *c->sel.topk_k);
     }
     c->sel.steps = s->sel.steps;
-    if (pool->be->seq_fork && (rc = pool->be->seq_fork(pool, s, c))) {
+    if ((rc = kvt__pfx_seq_fork(pool, s, c)) ||
+        (pool->be->seq_fork && (rc = pool->be->seq_fork(pool, s, c)))) {
         kvt_seq_release(pool, id);
         return rc;
     }
@@ -271,7 +287,7 @@ KVT_API int kvt_seq_truncate(kvt_pool *pool, kvt_seq_id seq, uint32_t n_tokens)
         for (uint32_t h = 0; h < H; h++) {
             const size_t lh = kvt__lh(pool, l, h), e = lh * s->cap_pages + q;
             kvt__mover_drain_page(pool->mover, s, e);
-            const bool shared = kvt__page_shared(s, e);
+            const bool shared = kvt__page_shared(s, e) || kvt__pfx_indexed(pool, s->meta_slot[e]);
             need_dev += shared || !(s->res[e] & KVT_RES_DEVICE);
             need_meta += shared;
         }
@@ -279,6 +295,8 @@ KVT_API int kvt_seq_truncate(kvt_pool *pool, kvt_seq_id seq, uint32_t n_tokens)
     /* Tiered pools: the pages the cut makes local come back to the device. */
     uint64_t need_local = 0;
     kvt__place_forced_in(pool, s, seq, n_tokens, &need_local);
+    kvt__pfx_make_room(pool, KVT_TIER_DEVICE, need_dev + need_local);
+    kvt__pfx_make_room(pool, KVT_NUM_TIERS, need_meta);
     if (pool->tier[KVT_TIER_DEVICE].n_free < need_dev + need_local ||
         pool->meta.n_free < need_meta)
         return kvt__err(KVT_ENOSPC, "kvt_seq_truncate: the kept last pages need %llu device "
@@ -297,7 +315,7 @@ KVT_API int kvt_seq_truncate(kvt_pool *pool, kvt_seq_id seq, uint32_t n_tokens)
             continue;
         for (uint32_t h = 0; h < H && !rc; h++) {
             const size_t lh = kvt__lh(pool, l, h), e = lh * s->cap_pages + q;
-            const bool shared = kvt__page_shared(s, e);
+            const bool shared = kvt__page_shared(s, e) || kvt__pfx_indexed(pool, s->meta_slot[e]);
             if (shared || !(s->res[e] & KVT_RES_DEVICE))
                 rc = kvt__page_copy(pool, s, lh, q, &cp[2 * lh], &cp[2 * lh + 1], shared);
         }
@@ -328,12 +346,13 @@ KVT_API int kvt_seq_truncate(kvt_pool *pool, kvt_seq_id seq, uint32_t n_tokens)
             if (rows) { /* the kept last page is open again: private, on the device */
                 if (cp && cp[2 * lh]) {
                     const uint32_t blk = cp[2 * lh], meta = cp[2 * lh + 1];
-                    if (kvt__page_shared(s, e)) {
+                    if (meta != s->meta_slot[e]) { /* shared or indexed: a new page */
                         const uint8_t nf = s->res[e] & KVT__RES_NONFINITE;
-                        kvt__page_unshare(pool, s, lh, q);
+                        kvt__page_letgo(pool, s, lh, q); /* (an indexed page stays cached) */
                         s->meta_slot[e] = meta;
                         s->res[e] = nf;
                         pool->pg_ref[meta] = 1;
+                        pool->pg_hold[meta] = (uint32_t)(s - pool->seqs) + 1u;
                     }
                     s->dev_block[e] = blk;
                     s->res[e] |= KVT_RES_DEVICE;
@@ -371,6 +390,7 @@ KVT_API int kvt_seq_truncate(kvt_pool *pool, kvt_seq_id seq, uint32_t n_tokens)
         s->n_tokens[l] = n_tokens;
     }
     free(cp);
+    kvt__pfx_seq_cut(pool, s, n_tokens);
     if (rc) {
         char why[256]; /* (the message buffer is the one kvt__err writes) */
         snprintf(why, sizeof why, "%s", kvt_last_error());

@@ -53,6 +53,7 @@ void kvt__append_alloc(kvt_pool *pool, kvt__seq *s, uint32_t layer, uint32_t n_t
             s->host_block[base + pg] = 0;
             s->res[base + pg] = KVT_RES_DEVICE;
             pool->pg_ref[s->meta_slot[base + pg]] = 1;
+            pool->pg_hold[s->meta_slot[base + pg]] = (uint32_t)(s - pool->seqs) + 1u;
             kvt__dirty(pool, s, kvt__lh(pool, layer, h), pg);
         }
     }
@@ -73,6 +74,7 @@ void kvt__append_unalloc(kvt_pool *pool, kvt__seq *s, uint32_t layer, uint32_t n
             kvt__arena_free(&pool->tier[KVT_TIER_DEVICE], s->dev_block[base + pg]);
             kvt__arena_free(&pool->meta, s->meta_slot[base + pg]);
             pool->pg_ref[s->meta_slot[base + pg]] = 0;
+            pool->pg_hold[s->meta_slot[base + pg]] = 0;
             s->dev_block[base + pg] = 0;
             s->meta_slot[base + pg] = 0;
             s->res[base + pg] = 0;

@@ -55,6 +55,9 @@ void kvt__seq_fini(kvt__seq *s)
     free(s->tier.dlo);
     free(s->tier.dhi);
     free(s->tier.dstamp);
+    free(s->pfx.ids);
+    free(s->pfx.key);
+    free(s->pfx.ent);
     free(s->be.cu_lo);
     free(s->be.cu_hi);
     uint32_t gen = s->gen;

@@ -91,6 +91,8 @@ bool kvt__page_unshare(kvt_pool *p, kvt__seq *s, size_t lh, uint32_t page)
     if (*link == (uint32_t)(prev - p->seqs) + 1u)
         *link = 0; /* prev is the last holder: alone again */
     p->pg_ref[s->meta_slot[e]]--;
+    if (p->pg_hold[s->meta_slot[e]] == me)
+        p->pg_hold[s->meta_slot[e]] = (uint32_t)(prev - p->seqs) + 1u;
     /* A host block's owner must stay a holder (the host cache's eviction
      * reaches the page through it). */
     if ((s->res[e] & KVT_RES_HOST) && p->host_owner &&

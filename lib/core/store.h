@@ -69,6 +69,19 @@ typedef struct kvt__seq {
         uint32_t *dlo, *dhi; /* [L * H] dirty range of the device table ... */
         uint32_t *dstamp;  /* [L * H] ... valid when equal to the pool's step_id */
     } tier;
+    /* Prefix cache state (lib/tier/prefix.c): the sequence's salt, the token
+     * ids of positions 0 .. n_ids - 1, and per page the chain key and the
+     * index entry holding that content (a reference: generation << 32 |
+     * entry + 1; 0 = none), valid for pages 0 .. n_reg - 1 as of the
+     * index's epoch `epoch`. */
+    struct kvt__seq_pfx {
+        uint64_t salt;
+        uint32_t *ids;
+        uint32_t n_ids, cap_ids;   /* cap_ids: a multiple of the page size */
+        uint64_t *key, *ent;       /* [cap_ids / page_tokens] */
+        uint32_t n_reg, epoch;
+        uint32_t matched;          /* tokens attached at creation */
+    } pfx;
     /* Backend state (lib/backend; the CUDA backend): where the GPU copy of
      * the device and metadata tables lives in the pool's table heap, laid
      * out for cu_cap pages per head (0 = not uploaded), and the entries of
@@ -92,7 +105,10 @@ typedef struct kvt__seq {
  * CPU backend's append): a decode that attends the page reports NaN. */
 #define KVT__RES_NONFINITE 0x20u
 
-/* Which page owns a host block (for eviction); slot UINT32_MAX = none. */
+/* Which page owns a host block (for eviction); slot UINT32_MAX = none,
+ * KVT__OWNER_PFX = a cached page no sequence holds (lh = its entry's page
+ * index in the prefix cache, lib/tier/prefix.c). */
+#define KVT__OWNER_PFX (UINT32_MAX - 1u)
 typedef struct kvt__owner {
     uint32_t slot, lh, page;
 } kvt__owner;
@@ -149,6 +165,8 @@ struct kvt_pool {
     kvt__owner *host_owner; /* [host blocks]: one holder of the page */
     uint32_t *pg_ref;       /* [metadata slots] tables holding the physical page */
     uint32_t *pg_mark;      /* [metadata slots] round that last claimed the page */
+    uint32_t *pg_hold;      /* [metadata slots] slot + 1 of one holder; 0 = none */
+    struct kvt__pfx *pfx;   /* the prefix cache (lib/tier/prefix.c), NULL = off */
     uint32_t mark_round;    /* kvt__page_claim_round */
     uint32_t clock;         /* advances with every step plan and mover batch */
 #define KVT__PHASES 16u

@@ -25,8 +25,8 @@
 #define KVT__STEP_OPTS_V1 (8u + 4u * sizeof(void *) + 8u)
 _Static_assert(offsetof(kvt_step_opts, reserved) + 4 == KVT__STEP_OPTS_V1 &&
                offsetof(kvt_step_opts, n_new) == KVT__STEP_OPTS_V1 &&
-               sizeof(kvt_step_opts) == KVT__STEP_OPTS_V1 + sizeof(void *) + 8u,
-               "step opts v1, then n_new, n_rows, max_new");
+               offsetof(kvt_step_opts, token_ids) == KVT__STEP_OPTS_V1 + sizeof(void *) + 8u,
+               "step opts v1, then n_new, n_rows, max_new, then token_ids");
 #define KVT__KNOWN_STEP_FLAGS (KVT_STEP_DENSE)
 
 
@@ -128,6 +128,7 @@ size_t kvt__step_carve(kvt_step *st, const kvt__step_sizes *z, void *base)
     KVT__TAKE(seqs, z->n);
     KVT__TAKE(nnew, z->n);
     KVT__TAKE(row0, z->n);
+    KVT__TAKE(tok, z->rows);
     KVT__TAKE(expect, z->nl);
     KVT__TAKE(due, z->nlh);
     KVT__TAKE(sel_off, z->nh);
@@ -264,6 +265,8 @@ KVT_API int kvt_step_plan(kvt_pool *pool, const kvt_seq_id *seqs, uint32_t n_seq
                           (unsigned long long)sorted[i]);
             goto out_free;
         }
+    if (o.token_ids && (rc = kvt__plan_token_ids(&o, n_seqs, ss)))
+        goto out_free;
 
     /* Room for the step's tokens of every sequence and layer: blocks now,
      * table capacity reserved so that kvt_step_append never allocates. */
@@ -337,6 +340,8 @@ KVT_API int kvt_step_plan(kvt_pool *pool, const kvt_seq_id *seqs, uint32_t n_seq
         task_total += tasks;
         part_total += tasks * nn * G * lpart;
     }
+    kvt__pfx_make_room(pool, KVT_TIER_DEVICE, need + need_pm); /* cached, unheld pages */
+    kvt__pfx_make_room(pool, KVT_NUM_TIERS, need);
     if (tiered && need + need_pm > pool->tier[KVT_TIER_DEVICE].n_free) {
         /* Short: pages whose copy-out is still in flight cannot be evicted
          * yet and count against the step. Let them land and count again. */
@@ -396,6 +401,7 @@ KVT_API int kvt_step_plan(kvt_pool *pool, const kvt_seq_id *seqs, uint32_t n_seq
         .rec = prof ? np_max : 0,
         .pm = tiered ? pm_total : 0,
         .ev = tiered ? np_max : 0,
+        .rows = o.token_ids ? (o.n_new ? o.n_rows : n_seqs) : 0,
     };
     kvt_step sizing;
     const size_t bytes = kvt__step_carve(&sizing, &z, NULL);
@@ -452,6 +458,9 @@ KVT_API int kvt_step_plan(kvt_pool *pool, const kvt_seq_id *seqs, uint32_t n_seq
         st->row0[i] = st->rows;
         st->rows += st->nnew[i];
     }
+    st->has_tok = o.token_ids != NULL;
+    if (o.token_ids)
+        memcpy(st->tok, o.token_ids, (size_t)st->rows * sizeof *st->tok);
     memset(st->appended, 0, L);
     st->n_appended = 0;
     st->read_only = false;
@@ -600,6 +609,8 @@ KVT_API int kvt_step_finish(kvt_step *st)
     }
     if (st->pool->pol && !st->tiered && st->n_appended == st->L)
         kvt__step_chunk_offload(st);
+    if ((st->has_tok || st->pool->pfx) && st->n_appended == st->L)
+        kvt__step_token_ids(st); /* the rows' ids: keys for the prefix cache */
     if (st->pool->be->step_finish) {
         const int rc2 = st->pool->be->step_finish(st);
         rc = rc ? rc : rc2;

@@ -30,6 +30,8 @@ struct kvt_step {
      * largest; sequence i owns rows row0[i] .. row0[i] + nnew[i] - 1. */
     uint32_t *nnew, *row0;    /* [n] */
     uint32_t rows, rmax;
+    uint32_t *tok;            /* [rows] kvt_step_opts.token_ids, copied */
+    bool has_tok;
     uint32_t *expect;         /* [n * L] tokens each layer should hold */
     uint8_t *due;             /* [n * L * H] rerank this step */
     uint8_t *appended;        /* [L] */
@@ -87,6 +89,7 @@ struct kvt_step {
 typedef struct kvt__step_sizes {
     uint64_t n, nl, nh, nlh; /* sequences; x layers; x heads; x layers x heads */
     uint64_t sel, tasks, part, tmem, rec, pm, ev;
+    uint64_t rows;           /* token ids (kvt_step_opts.token_ids) */
 } kvt__step_sizes;
 
 /* Points st's per-plan arrays into base (NULL: only sizes them); returns
@@ -147,6 +150,13 @@ KVT__HIDDEN int kvt__plan_new_tokens(const kvt_pool *pool, const kvt_step_opts *
  * sequences of several tokens go out as kvt_seq_append's do (a failed
  * copy-out leaves them on device; the error is not kept). */
 KVT__HIDDEN void kvt__step_chunk_offload(kvt_step *st);
+/* kvt_step_opts.token_ids at the plan: each sequence's rows' ids must agree
+ * with the ids it has recorded for those positions (multi.c). */
+KVT__HIDDEN int kvt__plan_token_ids(const kvt_step_opts *o, uint32_t n_seqs,
+                                    kvt__seq *const *ss);
+/* At kvt_step_finish, once every layer is appended: records the rows' ids
+ * (kvt_step_opts.token_ids) and keys the pages that can be (multi.c). */
+KVT__HIDDEN void kvt__step_token_ids(kvt_step *st);
 /* The selection of a layer (kvt_step_select's work). */
 KVT__HIDDEN int kvt__select(kvt_step *st, uint32_t layer, const float *q);
 

@@ -63,9 +63,11 @@ int kvt__disk_open(kvt_pool *p, const char *dir, uint64_t bytes, const kvt_mover
     d->ext_next = malloc((size_t)d->n_ext * sizeof *d->ext_next);
     d->ext_lh = malloc((size_t)d->n_ext * sizeof *d->ext_lh);
     d->lh_head = malloc((size_t)d->n_lh * sizeof *d->lh_head);
+    d->spill = calloc(d->n_lh, sizeof *d->spill);
     d->seg_stack = malloc((size_t)d->n_seg * sizeof *d->seg_stack);
     d->crc = calloc((size_t)d->n_ext * d->E, sizeof *d->crc);
-    if (!d->path || !d->ext_next || !d->ext_lh || !d->lh_head || !d->seg_stack || !d->crc) {
+    if (!d->path || !d->ext_next || !d->ext_lh || !d->lh_head || !d->seg_stack || !d->crc ||
+        !d->spill) {
         rc = kvt__err(KVT_ENOMEM, "disk tier: cannot allocate the extent tables for %u "
                       "extents", d->n_ext);
         goto fail;
@@ -147,6 +149,7 @@ void kvt__disk_close(kvt__disk *d)
     free(d->pslot);
     free(d->slot_used);
     free(d->ext_ref);
+    free(d->spill);
     free(d);
 }
 
@@ -235,6 +238,34 @@ static uint32_t kvt__ext_pop(kvt__disk *d, uint32_t lh)
     return x;
 }
 
+/* A free extent for layer-head lh: from its list, a fresh segment, another
+ * layer-head's list, or (the file is full) the disk copies of cached pages
+ * no sequence holds; KVT__NONE when none can be had. */
+static uint32_t kvt__ext_take(kvt_pool *p, uint32_t lh)
+{
+    kvt__disk *d = p->disk;
+    for (;;) {
+        uint32_t x = kvt__ext_pop(d, lh);
+        if (x == KVT__NONE && d->n_seg_free) {
+            /* Claim a fresh segment for this layer-head; extents in address order. */
+            uint32_t g = d->seg_stack[--d->n_seg_free];
+            for (uint32_t j = d->S; j-- > 0;) {
+                uint32_t e = g * d->S + j;
+                d->ext_lh[e] = lh;
+                d->ext_next[e] = d->lh_head[lh];
+                d->lh_head[lh] = e;
+            }
+            x = kvt__ext_pop(d, lh);
+        }
+        /* Every segment is claimed: borrow a free extent of another layer-head
+         * rather than fail while space is left. */
+        for (uint32_t o = 0; x == KVT__NONE && o < d->n_lh; o++)
+            x = kvt__ext_pop(d, o);
+        if (x != KVT__NONE || !kvt__pfx_disk_room(p))
+            return x;
+    }
+}
+
 int kvt__disk_slot_alloc(kvt_pool *p, kvt__seq *s, size_t lh, uint32_t page, uint64_t *slot)
 {
     kvt__disk *d = p->disk;
@@ -252,22 +283,7 @@ int kvt__disk_slot_alloc(kvt_pool *p, kvt__seq *s, size_t lh, uint32_t page, uin
     } else {
         /* No extent yet, or the page's place in it is held by a page this
          * sequence let go and another still holds: a fresh extent. */
-        uint32_t x = kvt__ext_pop(d, (uint32_t)lh);
-        if (x == KVT__NONE && d->n_seg_free) {
-            /* Claim a fresh segment for this layer-head; extents in address order. */
-            uint32_t g = d->seg_stack[--d->n_seg_free];
-            for (uint32_t j = d->S; j-- > 0;) {
-                uint32_t e = g * d->S + j;
-                d->ext_lh[e] = (uint32_t)lh;
-                d->ext_next[e] = d->lh_head[lh];
-                d->lh_head[lh] = e;
-            }
-            x = kvt__ext_pop(d, (uint32_t)lh);
-        }
-        /* Every segment is claimed: borrow a free extent of another layer-head
-         * rather than fail while space is left. */
-        for (uint32_t o = 0; x == KVT__NONE && o < d->n_lh; o++)
-            x = kvt__ext_pop(d, o);
+        uint32_t x = kvt__ext_take(p, (uint32_t)lh);
         if (x == KVT__NONE)
             return kvt__err(KVT_ENOSPC, "disk tier: all %u extents of %u pages are in use "
                             "(%llu bytes)", d->n_ext, d->E, (unsigned long long)d->file_bytes);
@@ -280,6 +296,58 @@ int kvt__disk_slot_alloc(kvt_pool *p, kvt__seq *s, size_t lh, uint32_t page, uin
     d->slot_used[*slot] = 1;
     d->ext_ref[*slot / d->E]++;
     d->pslot[meta] = *slot;
+    return 0;
+}
+
+int kvt__disk_spill_slot(kvt_pool *p, size_t lh, uint32_t meta, uint64_t *slot)
+{
+    kvt__disk *d = p->disk;
+    uint32_t *cur = &d->spill[lh];
+    *slot = UINT64_MAX;
+    for (uint32_t j = 0; *cur && j < d->E && *slot == UINT64_MAX; j++)
+        if (!d->slot_used[(uint64_t)(*cur - 1u) * d->E + j])
+            *slot = (uint64_t)(*cur - 1u) * d->E + j;
+    if (*slot == UINT64_MAX) { /* none, or full: a fresh extent */
+        const uint32_t x = kvt__ext_take(p, (uint32_t)lh);
+        if (x == KVT__NONE)
+            return kvt__err(KVT_ENOSPC, "disk tier: all %u extents are in use", d->n_ext);
+        if (*cur)
+            kvt__ext_unref(d, *cur - 1u);
+        d->ext_ref[x] = 1; /* the cursor's reference */
+        *cur = x + 1u;
+        *slot = (uint64_t)x * d->E;
+    }
+    d->slot_used[*slot] = 1;
+    d->ext_ref[*slot / d->E]++;
+    d->pslot[meta] = *slot;
+    return 0;
+}
+
+int kvt__disk_write_page(const kvt_pool *p, uint64_t slot, const void *buf)
+{
+    const kvt__disk *d = p->disk;
+    void *tmp = NULL;
+    if (posix_memalign(&tmp, KVT__DIO_ALIGN, d->slot_bytes))
+        return kvt__err(KVT_ENOMEM, "disk write: cannot allocate a %llu-byte buffer",
+                        (unsigned long long)d->slot_bytes);
+    memcpy(tmp, buf, d->block_bytes);
+    memset((uint8_t *)tmp + d->block_bytes, 0, d->slot_bytes - d->block_bytes);
+    const uint64_t off = slot * d->slot_bytes;
+    uint64_t put = 0;
+    while (put < d->slot_bytes) {
+        ssize_t r = pwrite(d->fd, (uint8_t *)tmp + put, d->slot_bytes - put, (off_t)(off + put));
+        if (r < 0 && (errno == EINTR || errno == EAGAIN))
+            continue;
+        if (r <= 0) {
+            const int e = errno;
+            free(tmp);
+            return kvt__err(KVT_EIO, "disk write: slot %llu: %s", (unsigned long long)slot,
+                            r < 0 ? strerror(e) : "no progress");
+        }
+        put += (uint64_t)r;
+    }
+    d->crc[slot] = kvt__crc32c(0, tmp, d->block_bytes);
+    free(tmp);
     return 0;
 }
 
@@ -384,7 +452,8 @@ int kvt__disk_check(const kvt_pool *p)
         const uint64_t sl = d->pslot[m];
         if (sl == UINT64_MAX)
             continue;
-        if (sl >= (uint64_t)d->n_ext * d->E || !d->slot_used[sl] || !p->pg_ref[m])
+        if (sl >= (uint64_t)d->n_ext * d->E || !d->slot_used[sl] ||
+            (!p->pg_ref[m] && !kvt__pfx_indexed(p, m)))
             rc = kvt__err(KVT_EINTERNAL, "disk tier: page (metadata slot %u) holds slot %llu, "
                           "which is %s", m, (unsigned long long)sl,
                           !p->pg_ref[m] ? "kept for a freed page" : "out of range or unmarked");
@@ -392,6 +461,9 @@ int kvt__disk_check(const kvt_pool *p)
             want[sl / d->E]++;
         used++;
     }
+    for (uint32_t lh = 0; lh < d->n_lh && !rc; lh++)
+        if (d->spill[lh])
+            want[d->spill[lh] - 1u]++;
     uint64_t marked = 0;
     for (uint64_t sl = 0; sl < (uint64_t)d->n_ext * d->E; sl++)
         marked += d->slot_used[sl];

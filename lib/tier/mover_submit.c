@@ -67,6 +67,7 @@ static void kvt__evict_host(kvt_mover *m, uint32_t want)
 {
     kvt_pool *p = m->pool;
     kvt__arena *a = &p->tier[KVT_TIER_HOST];
+    kvt__pfx_make_room(p, KVT_TIER_HOST, want); /* cached pages no sequence holds first */
     if (!p->disk || a->n_free >= want)
         return;
     /* Evict in batches (at least 1/16 of the tier) so the O(n) scan is
@@ -79,7 +80,7 @@ static void kvt__evict_host(kvt_mover *m, uint32_t want)
     size_t n = 0;
     for (uint32_t b = 1; b < a->n_blocks; b++) {
         const kvt__owner *o = &p->host_owner[b];
-        if (o->slot == UINT32_MAX)
+        if (o->slot == UINT32_MAX || o->slot == KVT__OWNER_PFX)
             continue;
         const kvt__seq *s = &p->seqs[o->slot];
         const size_t e = (size_t)o->lh * s->cap_pages + o->page;
@@ -271,6 +272,7 @@ int kvt__mover_submit(kvt_mover *m, const kvt_move *moves, uint32_t n, uint32_t 
     /* Pass 2: reserve destinations; the host tier first drops copies the
      * disk also holds when it is short. */
     int rc = 0;
+    kvt__pfx_make_room(p, KVT_TIER_DEVICE, need_dev);
     if (need_dev > p->tier[KVT_TIER_DEVICE].n_free)
         rc = kvt__err(KVT_ENOSPC, "device tier: the batch needs %u blocks, %u are free",
                       need_dev, p->tier[KVT_TIER_DEVICE].n_free);

@@ -352,22 +352,27 @@ static int kvt__warm_host(kvt_pool *p, kvt__seq *s, kvt_seq_id id)
     return rc;
 }
 
-int kvt__place_forced_in(kvt_pool *p, kvt__seq *s, kvt_seq_id id, uint32_t n_tokens,
-                         uint64_t *count)
+/* The pages of s to bring on device: a cut to n_tokens (attach false: the
+ * stable heads' pages it makes forced) or an attach of n_tokens (every
+ * page an unstable head has, a stable head's forced pages). */
+static int kvt__place_in(kvt_pool *p, kvt__seq *s, kvt_seq_id id, uint32_t n_tokens,
+                         bool attach, uint64_t *count)
 {
     const uint32_t P = p->g.page_tokens, np = kvt__pages_for(p, n_tokens), full = n_tokens / P;
     kvt__mvbuf b = {0};
     uint64_t n = 0;
     int rc = 0;
     for (uint32_t l = 0; p->pol && l < p->g.n_layers && !rc; l++) {
-        if (s->n_tokens[l] == n_tokens)
+        if (!attach && s->n_tokens[l] == n_tokens)
             continue;
         for (uint32_t h = 0; h < p->g.n_kv_heads && !rc; h++) {
             const size_t lh = kvt__lh(p, l, h);
-            if (!kvt__stable(p, lh))
+            const bool stable = kvt__stable(p, lh);
+            if (!stable && !attach)
                 continue; /* an unstable head's pages never leave the device */
             for (uint32_t pg = 0; pg < full && !rc; pg++) {
-                if (!kvt__forced(pg, np, n_tokens, P, p->pol->sink[lh], p->pol->local[lh]))
+                if (stable &&
+                    !kvt__forced(pg, np, n_tokens, P, p->pol->sink[lh], p->pol->local[lh]))
                     continue;
                 const size_t e = lh * s->cap_pages + pg;
                 if (!count)
@@ -399,6 +404,17 @@ int kvt__place_forced_in(kvt_pool *p, kvt__seq *s, kvt_seq_id id, uint32_t n_tok
     }
     free(b.mv);
     return rc;
+}
+
+int kvt__place_forced_in(kvt_pool *p, kvt__seq *s, kvt_seq_id id, uint32_t n_tokens,
+                         uint64_t *count)
+{
+    return kvt__place_in(p, s, id, n_tokens, false, count);
+}
+
+int kvt__place_attach_in(kvt_pool *p, kvt__seq *s, kvt_seq_id id, uint64_t *count)
+{
+    return kvt__place_in(p, s, id, s->n_tokens[0], true, count);
 }
 
 void kvt__place_settle(kvt_pool *p, kvt__seq *s)
@@ -533,6 +549,8 @@ int kvt__place_warmup(kvt_pool *pool, kvt__seq *s, kvt_seq_id seq, const float *
                 }
             }
         }
+        if (pass == 0 && n_prom > (uint64_t)pool->tier[KVT_TIER_DEVICE].n_free + n_drop)
+            kvt__pfx_make_room(pool, KVT_TIER_DEVICE, n_prom - n_drop);
         if (pass == 0 && n_prom > (uint64_t)pool->tier[KVT_TIER_DEVICE].n_free + n_drop)
             rc = kvt__err(KVT_ENOSPC, "device tier: warm-up places %llu pages, %u blocks are "
                           "free and %llu leave", (unsigned long long)n_prom,

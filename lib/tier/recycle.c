@@ -208,6 +208,7 @@ int kvt__place_recycle_head(kvt_pool *p, kvt__seq *s, kvt_seq_id id, uint32_t se
     const kvt__evc *evs = ev + keep;
     const uint32_t nevict = nev - keep;
     const uint32_t deficit = npro > nevict ? npro - nevict : 0;
+    kvt__pfx_make_room(p, KVT_TIER_DEVICE, deficit);
     if (deficit > dev->n_free)
         return kvt__err(KVT_ENOSPC, "device tier: sequence %u layer %u head %u promotes %u "
                         "pages, %u blocks free after %u evictions", seq_index, layer, h, npro,

@@ -4,6 +4,7 @@
 
 #include "../core/store.h"
 #include "../backend/backend.h"
+#include "prefix.h"
 
 /* ---- disk tier (disk.c) ----------------------------------------------------
  * One file, cut into page slots (a block rounded up to the 4 KiB O_DIRECT
@@ -39,6 +40,9 @@ typedef struct kvt__disk {
     uint8_t *slot_used;
     uint32_t *ext_ref;
     uint32_t n_pslot;
+    /* [n_lh] extent + 1 that cached pages spilled from the host tier fill
+     * (lib/tier/pcache.c); holds a reference like a sequence's table. */
+    uint32_t *spill;
 } kvt__disk;
 
 #define KVT__DIO_ALIGN 4096u
@@ -62,6 +66,13 @@ KVT__HIDDEN uint64_t kvt__disk_slot(const kvt_pool *p, const kvt__seq *s, size_t
  * file is full. */
 KVT__HIDDEN int kvt__disk_slot_alloc(kvt_pool *p, kvt__seq *s, size_t lh, uint32_t page,
                                      uint64_t *slot);
+/* A disk slot for physical page `meta` of layer-head lh that no sequence
+ * holds (a cached page spilled from the host tier): the next free slot of
+ * the layer-head's spill extent. KVT_ENOSPC when the file is full. */
+KVT__HIDDEN int kvt__disk_spill_slot(kvt_pool *p, size_t lh, uint32_t meta, uint64_t *slot);
+/* Synchronous write of one page (block_bytes at buf) to its slot, with its
+ * CRC recorded. */
+KVT__HIDDEN int kvt__disk_write_page(const kvt_pool *p, uint64_t slot, const void *buf);
 /* Lets go of every extent in the sequence's extent table. */
 KVT__HIDDEN void kvt__disk_free_seq(kvt_pool *p, kvt__seq *s);
 /* Synchronous read of one page from its slot into buf (block_bytes, any
@@ -234,6 +245,11 @@ KVT__HIDDEN void kvt__place_settle(kvt_pool *p, kvt__seq *s);
  * and waits (KVT_ENOSPC, KVT_EIO, KVT_ECORRUPT from the moves). */
 KVT__HIDDEN int kvt__place_forced_in(kvt_pool *p, kvt__seq *s, kvt_seq_id id, uint32_t n_tokens,
                                      uint64_t *count);
+/* After a prefix attach: the pages of s that the placement keeps on device
+ * (an unstable head's every page; a stable head's sink, local and last
+ * pages) and that are not there: counted (count) or copied in and waited
+ * for. */
+KVT__HIDDEN int kvt__place_attach_in(kvt_pool *p, kvt__seq *s, kvt_seq_id id, uint64_t *count);
 /* kvt_seq_warmup's work once its arguments and the pool's state are
  * checked (lib/api/warmup.c): settle the sequence, score every stable
  * head's pages over the observation queries, and place them. */
