@@ -150,7 +150,7 @@ TESTS_STATIC := test_convert test_crc32c test_mckp test_profiler test_contract
 TESTS_STATIC_TIER := test_share
 # Fault-injection tests link a static library whose tier sources are built
 # with KVT_FAULT_INJECTION; the installed library never has the hooks.
-TESTS_FAULT  := test_mover_faults test_place_faults
+TESTS_FAULT  := test_mover_faults test_place_faults test_prefix
 # Tests of the example decoder's own parts (GGUF reader, tokenizers): no
 # libkvtier; test_decode_model runs the decoder's engine on a GGUF it writes.
 TESTS_DECODE := test_gguf test_tokenizer test_decode_model
@@ -279,7 +279,8 @@ TEST_CFLAGS = -std=c11 -D_GNU_SOURCE -Iinclude -Ilib/core $(WARN) -Wno-conversio
 TIERTEST_SRCS  := tests/tiertest.c
 PLACETEST_SRCS := tests/placetest.c $(TIERTEST_SRCS)
 $(O)/tests/test_mover $(O)/tests/test_mover_faults: $(TIERTEST_SRCS)
-$(O)/tests/test_place $(O)/tests/test_place_faults $(O)/tests/test_multi: $(PLACETEST_SRCS)
+$(O)/tests/test_place $(O)/tests/test_place_faults $(O)/tests/test_multi \
+  $(O)/tests/test_prefix: $(PLACETEST_SRCS)
 
 $(addprefix $(O)/tests/,$(TESTS_SHARED)): $(O)/tests/%: tests/%.c tests/testutil.h tests/tiertest.h \
                                            tests/placetest.h $(LIB_SO)

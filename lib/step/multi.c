@@ -18,6 +18,15 @@ int kvt__plan_new_tokens(const kvt_pool *pool, const kvt_step_opts *o, uint32_t 
     if (o->max_new > KVT_STEP_MAX_NEW)
         return kvt__err(KVT_EINVAL, "opts->max_new: %u is above KVT_STEP_MAX_NEW (%u)",
                         o->max_new, KVT_STEP_MAX_NEW);
+    const uint64_t rows = o->n_new ? o->n_rows : n_seqs;
+    if (o->reserved2)
+        return kvt__err(KVT_EINVAL, "opts->reserved2: must be zero (is %u)", o->reserved2);
+    if (o->token_ids && o->n_token_ids != rows)
+        return kvt__err(KVT_EINVAL, "opts->n_token_ids: %u ids for the step's %llu rows (one "
+                        "id per row)", o->n_token_ids, (unsigned long long)rows);
+    if (!o->token_ids && o->n_token_ids)
+        return kvt__err(KVT_EINVAL, "opts->token_ids: NULL with n_token_ids %u",
+                        o->n_token_ids);
     const uint32_t max_new = o->max_new ? o->max_new : KVT_STEP_MAX_NEW;
     *rmax = 1;
     if (!o->n_new) {
@@ -27,7 +36,7 @@ int kvt__plan_new_tokens(const kvt_pool *pool, const kvt_step_opts *o, uint32_t 
         return 0;
     }
     uint64_t sum = 0;
-    for (uint32_t i = 0; o->n_new && i < n_seqs; i++) {
+    for (uint32_t i = 0; i < n_seqs; i++) {
         if (o->n_new[i] == 0 || o->n_new[i] > max_new)
             return kvt__err(KVT_EINVAL, "opts->n_new[%u]: %u tokens; a sequence carries 1 to "
                             "%u (opts->max_new) in a step", i, o->n_new[i], max_new);
@@ -38,15 +47,6 @@ int kvt__plan_new_tokens(const kvt_pool *pool, const kvt_step_opts *o, uint32_t 
         return kvt__err(KVT_EINVAL, "opts->n_rows: %u, but opts->n_new sums to %llu over the "
                         "%u sequences (the rows of k, v, q and out)", o->n_rows,
                         (unsigned long long)sum, n_seqs);
-    const uint64_t rows = o->n_new ? o->n_rows : n_seqs;
-    if (o->reserved2)
-        return kvt__err(KVT_EINVAL, "opts->reserved2: must be zero (is %u)", o->reserved2);
-    if (o->token_ids && o->n_token_ids != rows)
-        return kvt__err(KVT_EINVAL, "opts->n_token_ids: %u ids for the step's %llu rows (one "
-                        "id per row)", o->n_token_ids, (unsigned long long)rows);
-    if (!o->token_ids && o->n_token_ids)
-        return kvt__err(KVT_EINVAL, "opts->token_ids: NULL with n_token_ids %u",
-                        o->n_token_ids);
     if (*rmax > 1 && !(o->flags & KVT_STEP_DENSE) && (pool->be_caps & KVT__BE_NO_MULTI_SPARSE))
         return kvt__err(KVT_ENOTSUP, "opts->n_new: the CUDA backend takes several tokens per "
                         "sequence (up to %u given) in KVT_STEP_DENSE steps only in this "

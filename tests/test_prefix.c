@@ -1,0 +1,791 @@
+/* The prefix cache (issue 25): pages reused across requests by their token
+ * content, against independent references:
+ *
+ * - the rows of a token prefix are a pure function of the prefix (a chained
+ *   hash of the ids drawn into f16 bit patterns), so the rows every
+ *   sequence must hold follow from its token ids alone: every row read back
+ *   (kvt_seq_read_kv, from whichever tier holds it) equals them bit for
+ *   bit, whether the sequence computed it or attached it;
+ * - decode (dense steps, one token or chunks of several, with token_ids)
+ *   against double-precision attention over those rows;
+ * - the tokens attached against a model of the index (the longest run of
+ *   whole pages some sequence of the same salt keyed), exactly where
+ *   nothing can have been reclaimed, as an upper bound where it can;
+ * - hash collisions forced by a test hook (every key equal): token
+ *   comparison rejects every false match;
+ * - kvt_pool_check after every operation (it validates the index: every
+ *   entry's pages live and named back, keys recomputed from the ids, the
+ *   cached pages' blocks and counts), and no referenced page is ever lost
+ *   under pressure (the rows of live sequences read back).
+ * The test links the fault-injection library (the hook lives there). */
+#include <math.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "testutil.h"
+#include "internal.h"
+#include "../tier/tier.h"
+#include "placetest.h"
+
+#define P PAGE_TOKENS
+#define H N_KV_HEADS
+#define D HEAD_DIM
+#define G GQA_GROUP
+#define SALT_A 0x5a17u
+#define SALT_B 0xb0b0u
+
+/* ---- rows as a function of the token prefix ------------------------------- */
+
+static uint64_t mix(uint64_t h)
+{
+    h ^= h >> 31;
+    h *= 0x7fb5d329728ea185ull;
+    h ^= h >> 27;
+    h *= 0x81dadef4bc2dd44dull;
+    h ^= h >> 33;
+    return h;
+}
+
+/* A finite f16 of moderate magnitude (2^-6 .. 2^2, either sign) from h. */
+static uint16_t f16_of(uint64_t h)
+{
+    return (uint16_t)((h & 0x8000u) | ((9u + (h >> 16) % 8u) << 10) | ((h >> 32) & 0x3ffu));
+}
+
+/* The rows of positions [from, to) of token sequence ids (salted: another
+ * salt is another model), layer l: k/v [to - from][H][D]. */
+static void rows_of(const uint32_t *ids, uint64_t salt, uint32_t from, uint32_t to, uint32_t l,
+                    uint16_t *k, uint16_t *v)
+{
+    uint64_t c = mix(salt + 1u);
+    for (uint32_t t = 0; t < to; t++) {
+        c = mix(c ^ (ids[t] + 0x9e3779b97f4a7c15ull));
+        if (t < from)
+            continue;
+        for (uint32_t x = 0; x < H * D; x++) {
+            const uint64_t b = mix(c + l * 0x10001ull + x * 0x3c6ef372fe94f82bull);
+            k[((size_t)(t - from)) * H * D + x] = f16_of(b);
+            v[((size_t)(t - from)) * H * D + x] = f16_of(mix(b));
+        }
+    }
+}
+
+/* ---- conversations: a sequence and its token ids ----------------------------- */
+
+#define MAXC 12
+#define CTOK 1024
+
+typedef struct {
+    kvt_seq_id id;
+    bool live;
+    uint64_t salt;
+    uint32_t n;              /* rows appended */
+    uint32_t ids[CTOK];      /* its token ids (n of them, plus any recorded ahead) */
+} conv;
+
+/* The model of the index: every whole-page run some sequence keyed. A
+ * sequence's keyed pages are those all layers hold full with ids known; the
+ * model records (salt, ids of the run) when it sees them keyed. */
+#define MAXRUN 256
+typedef struct {
+    uint64_t salt;
+    uint32_t n;
+    uint32_t ids[CTOK];
+} run;
+static run g_runs[MAXRUN];
+static uint32_t g_nruns;
+
+static void model_reset(void)
+{
+    g_nruns = 0;
+}
+
+static void model_key(const conv *c)
+{
+    const uint32_t full = c->n / P * P;
+    if (!full)
+        return;
+    for (uint32_t i = 0; i < g_nruns; i++)
+        if (g_runs[i].salt == c->salt && g_runs[i].n >= full &&
+            !memcmp(g_runs[i].ids, c->ids, full * sizeof *c->ids))
+            return;
+    run *r = g_nruns < MAXRUN ? &g_runs[g_nruns++] : &g_runs[mix(full) % MAXRUN];
+    r->salt = c->salt;
+    r->n = full;
+    memcpy(r->ids, c->ids, full * sizeof *c->ids);
+}
+
+/* The most tokens a prefix of n ids can match: whole pages of some keyed run. */
+static uint32_t model_best(const uint32_t *ids, uint32_t n, uint64_t salt)
+{
+    uint32_t best = 0;
+    for (uint32_t i = 0; i < g_nruns; i++) {
+        if (g_runs[i].salt != salt)
+            continue;
+        uint32_t m = 0;
+        const uint32_t lim = g_runs[i].n < n ? g_runs[i].n : n;
+        while (m < lim && g_runs[i].ids[m] == ids[m])
+            m++;
+        m = m / P * P;
+        best = m > best ? m : best;
+    }
+    return best;
+}
+
+/* Appends ids[c->n .. c->n + n) (already in c->ids) through kvt_seq_append,
+ * recording the ids with kvt_seq_tokens_set first (ids before rows). */
+static void conv_append(kvt_pool *p, conv *c, uint32_t n)
+{
+    uint16_t *k = malloc((size_t)n * H * D * 2), *v = malloc((size_t)n * H * D * 2);
+    TU_OK(kvt_seq_tokens_set(p, c->id, c->n, c->ids + c->n, n));
+    for (uint32_t l = 0; l < N_LAYERS; l++) {
+        rows_of(c->ids, c->salt, c->n, c->n + n, l, k, v);
+        TU_OK(kvt_seq_append(p, c->id, l, k, v, n, KVT_DTYPE_F16, 0));
+    }
+    c->n += n;
+    free(k);
+    free(v);
+    model_key(c);
+}
+
+/* Creates c with prefix ids c->ids[0..n_prefix) under c->salt; returns the
+ * tokens matched, checked against the model (exact: no reclaim possible). */
+static uint32_t conv_create(kvt_pool *p, conv *c, uint32_t n_prefix, bool exact)
+{
+    kvt_seq_opts so;
+    TU_OK(kvt_seq_opts_init(&so));
+    so.salt = c->salt;
+    so.prefix = c->ids;
+    so.n_prefix = n_prefix;
+    TU_OK(kvt_seq_create(p, &so, &c->id));
+    c->live = true;
+    kvt_seq_info si = {.struct_size = sizeof si};
+    TU_OK(kvt_seq_info_get(p, c->id, &si));
+    const uint32_t want = model_best(c->ids, n_prefix, c->salt);
+    if (exact)
+        assert_int_equal(si.prefix_tokens, want);
+    else
+        assert_true(si.prefix_tokens <= want);
+    assert_int_equal(si.prefix_tokens % P, 0);
+    assert_int_equal(si.n_tokens, si.prefix_tokens);
+    assert_int_equal(si.token_ids, n_prefix);
+    assert_true(si.salt == c->salt);
+    c->n = si.prefix_tokens;
+    return si.prefix_tokens;
+}
+
+/* Every row of c reads back equal to the rows of its ids. */
+static void conv_verify(const kvt_pool *p, const conv *c)
+{
+    if (!c->n)
+        return;
+    uint16_t *k = malloc((size_t)c->n * H * D * 2), *v = malloc((size_t)c->n * H * D * 2);
+    uint16_t *gk = malloc((size_t)c->n * D * 2), *gv = malloc((size_t)c->n * D * 2);
+    for (uint32_t l = 0; l < N_LAYERS; l++) {
+        rows_of(c->ids, c->salt, 0, c->n, l, k, v);
+        for (uint32_t h = 0; h < H; h++) {
+            TU_OK(kvt_seq_read_kv(p, c->id, l, h, 0, c->n, gk, gv));
+            for (uint32_t t = 0; t < c->n; t++)
+                if (memcmp(gk + (size_t)t * D, k + ((size_t)t * H + h) * D, D * 2) ||
+                    memcmp(gv + (size_t)t * D, v + ((size_t)t * H + h) * D, D * 2))
+                    fail_msg("layer %u head %u token %u of %u: rows differ from the rows of "
+                             "its ids", l, h, t, c->n);
+        }
+    }
+    free(k);
+    free(v);
+    free(gk);
+    free(gv);
+}
+
+static void conv_release(kvt_pool *p, conv *c)
+{
+    TU_OK(kvt_seq_release(p, c->id));
+    c->live = false;
+    c->id = KVT_SEQ_NONE;
+}
+
+/* One dense step: sequences cs[0..n) each append nn[i] tokens (ids from
+ * their c->ids, passed as token_ids) and query them causally; every output
+ * row against double-precision attention over the rows of the ids. */
+static void conv_step(kvt_pool *p, conv **cs, uint32_t n, const uint32_t *nn, tu_rng *r)
+{
+    kvt_seq_id sid[MAXC];
+    uint32_t rows = 0, row0[MAXC];
+    for (uint32_t i = 0; i < n; i++) {
+        sid[i] = cs[i]->id;
+        row0[i] = rows;
+        rows += nn[i];
+    }
+    uint32_t *tok = malloc(rows * sizeof *tok);
+    for (uint32_t i = 0; i < n; i++)
+        memcpy(tok + row0[i], cs[i]->ids + cs[i]->n, nn[i] * sizeof *tok);
+    kvt_step_opts so;
+    TU_OK(kvt_step_opts_init(&so));
+    so.flags = KVT_STEP_DENSE;
+    so.n_new = nn;
+    so.n_rows = rows;
+    so.token_ids = tok;
+    so.n_token_ids = rows;
+    kvt_step *st;
+    TU_OK(kvt_step_plan(p, sid, n, &so, &st));
+    uint16_t *k = malloc((size_t)rows * H * D * 2), *v = malloc((size_t)rows * H * D * 2);
+    float *q = malloc((size_t)rows * H * G * D * 4), *out = malloc((size_t)rows * H * G * D * 4);
+    float *lse = malloc((size_t)rows * H * G * 4);
+    for (uint32_t l = 0; l < N_LAYERS; l++) {
+        for (uint32_t i = 0; i < n; i++)
+            rows_of(cs[i]->ids, cs[i]->salt, cs[i]->n, cs[i]->n + nn[i], l,
+                    k + (size_t)row0[i] * H * D, v + (size_t)row0[i] * H * D);
+        TU_OK(kvt_step_append(st, l, k, v, KVT_DTYPE_F16, 0));
+        for (size_t x = 0; x < (size_t)rows * H * G * D; x++)
+            q[x] = (float)(0.05 * tu_unit(r));
+        TU_OK(kvt_step_attend(st, l, q, out, lse));
+        for (uint32_t i = 0; i < n; i++) {
+            const uint32_t T = cs[i]->n + nn[i];
+            uint16_t *rk = malloc((size_t)T * H * D * 2), *rv = malloc((size_t)T * H * D * 2);
+            double *kd = malloc((size_t)T * D * 8), *vd = malloc((size_t)T * D * 8);
+            rows_of(cs[i]->ids, cs[i]->salt, 0, T, l, rk, rv);
+            for (uint32_t h = 0; h < H; h++) {
+                for (uint32_t t = 0; t < T; t++)
+                    for (uint32_t d = 0; d < D; d++) {
+                        kd[t * D + d] = tu_f16_value(rk[((size_t)t * H + h) * D + d]);
+                        vd[t * D + d] = tu_f16_value(rv[((size_t)t * H + h) * D + d]);
+                    }
+                for (uint32_t j = 0; j < nn[i]; j++) { /* token j sees T - nn + j + 1 rows */
+                    const size_t row = row0[i] + j;
+                    double ro[G * HEAD_DIM], rl[G], kap, vmax;
+                    const float *qh = q + (row * H + h) * G * D;
+                    tu_ref_attention(qh, G, D, kd, vd, T - nn[i] + j + 1, 1.0 / sqrt((double)D),
+                                     ro, rl, &kap, &vmax);
+                    for (uint32_t gd = 0; gd < G * D; gd++) {
+                        const double got = out[(row * H + h) * G * D + gd];
+                        if (fabs(got - ro[gd]) > 1e-3 * vmax + 1e-5)
+                            fail_msg("seq %u layer %u head %u row %u: %g, reference %g", i, l,
+                                     h, j, got, ro[gd]);
+                    }
+                    for (uint32_t g = 0; g < G; g++)
+                        assert_true(fabs(lse[(row * H + h) * G + g] - rl[g]) <
+                                    1e-3 * (1.0 + fabs(rl[g])));
+                }
+            }
+            free(rk);
+            free(rv);
+            free(kd);
+            free(vd);
+        }
+    }
+    TU_OK(kvt_step_finish(st));
+    for (uint32_t i = 0; i < n; i++) {
+        cs[i]->n += nn[i];
+        model_key(cs[i]);
+    }
+    free(tok);
+    free(k);
+    free(v);
+    free(q);
+    free(out);
+    free(lse);
+}
+
+static void rand_ids(uint32_t *ids, uint32_t n, tu_rng *r)
+{
+    for (uint32_t i = 0; i < n; i++)
+        ids[i] = (uint32_t)tu_below(r, 50000);
+}
+
+static kvt_pool_opts cache_opts(uint32_t dev, uint32_t host)
+{
+    kvt_pool_opts o =
+        tu_opts(N_LAYERS, N_KV_HEADS, HQ, HEAD_DIM, PAGE_TOKENS, KVT_DTYPE_F16, dev, host);
+    o.flags |= KVT_POOL_PREFIX_CACHE;
+    o.n_threads = 2;
+    return o;
+}
+
+static uint64_t dev_used(const kvt_pool *p)
+{
+    return p->tier[KVT_TIER_DEVICE].n_blocks - 1u - p->tier[KVT_TIER_DEVICE].n_free;
+}
+
+/* ---- tests ------------------------------------------------------------------- */
+
+/* A released sequence's full pages serve the next request with the same
+ * prefix: shared while both live, cached after, attached exactly as far as
+ * whole pages match; partial and divergent prefixes; stats. */
+static void test_reuse(void **state)
+{
+    (void)state;
+    model_reset();
+    kvt_pool_opts o = cache_opts(600, 0);
+    kvt_pool *p;
+    TU_OK(kvt_pool_create(&o, &p));
+    tu_rng r = {41};
+    static conv a, b, c, d;
+    memset(&a, 0, sizeof a);
+    a.salt = SALT_A;
+    rand_ids(a.ids, 300, &r);
+    TU_OK(kvt_seq_create(p, &(kvt_seq_opts){.struct_size = sizeof(kvt_seq_opts), .salt = SALT_A},
+                         &a.id));
+    a.live = true;
+    conv_append(p, &a, 100); /* 3 full pages keyed, 4 tokens open */
+    TU_CHECK(p);
+    kvt_stats s = pstats(p);
+    assert_int_equal(s.prefix_keyed_pages, 3 * N_LAYERS * H);
+
+    /* While a lives: b shares its pages. */
+    b = a;
+    b.id = 0;
+    assert_int_equal(conv_create(p, &b, 100, true), 96);
+    kvt__seq *sa, *sb;
+    TU_OK(kvt__seq_lookup(p, a.id, &sa));
+    TU_OK(kvt__seq_lookup(p, b.id, &sb));
+    for (uint32_t pg = 0; pg < 3; pg++) {
+        assert_int_equal(sb->meta_slot[pg], sa->meta_slot[pg]);
+        assert_int_equal(p->pg_ref[sa->meta_slot[pg]], 2);
+    }
+    conv_append(p, &b, 4); /* b's own open page: the ids are already known */
+    conv_verify(p, &b);
+    TU_CHECK(p);
+    /* a leaves: its 3 keyed pages stay (held by b); its open page is freed. */
+    conv_release(p, &a);
+    TU_CHECK(p);
+    conv_release(p, &b); /* now cached, nobody holds them */
+    TU_CHECK(p);
+    s = pstats(p);
+    assert_int_equal(s.prefix_cached_pages[KVT_TIER_DEVICE], 3 * N_LAYERS * H);
+    assert_int_equal(dev_used(p), 3 * N_LAYERS * H);
+
+    /* A divergent prefix: same first 40 ids, then others: one page. */
+    c = a;
+    for (uint32_t i = 40; i < 300; i++)
+        c.ids[i] ^= 0x55u;
+    assert_int_equal(conv_create(p, &c, 200, true), 32);
+    conv_append(p, &c, 200 - 32);
+    conv_verify(p, &c);
+    /* A shorter prefix than one page: nothing. */
+    d = a;
+    assert_int_equal(conv_create(p, &d, 31, true), 0);
+    conv_release(p, &d);
+    /* The original prefix again, longer: 3 pages, then its rest computed. */
+    d = a;
+    assert_int_equal(conv_create(p, &d, 300, true), 96);
+    conv_append(p, &d, 300 - 96);
+    conv_verify(p, &d);
+    TU_CHECK(p);
+    s = pstats(p);
+    assert_int_equal(s.prefix_lookups, 4);
+    assert_int_equal(s.prefix_hit_tokens, 96 + 32 + 0 + 96);
+    assert_int_equal(s.prefix_miss_tokens, (100 - 96) + (200 - 32) + 31 + (300 - 96));
+    assert_int_equal(s.prefix_hit_pages, (96 + 32 + 96) / P * N_LAYERS * H);
+    conv_release(p, &c);
+    conv_release(p, &d);
+    TU_CHECK(p);
+    /* Everything now cached: drop it all, the device is empty. */
+    uint64_t dropped = 0;
+    TU_OK(kvt_prefix_drop_all(p, &dropped));
+    assert_int_equal(dropped, pstats(p).prefix_dropped_pages);
+    assert_true(dropped > 0);
+    assert_int_equal(dev_used(p), 0);
+    assert_int_equal(pstats(p).prefix_keyed_pages, 0);
+    TU_CHECK(p);
+    kvt_pool_destroy(p);
+}
+
+/* Salts isolate; a forced hash collision (every key equal) never serves
+ * another prompt's pages; drop by salt leaves the other salt's. */
+static void test_salts_and_collisions(void **state)
+{
+    (void)state;
+    model_reset();
+    kvt_pool_opts o = cache_opts(800, 0);
+    kvt_pool *p;
+    TU_OK(kvt_pool_create(&o, &p));
+    p->pfx->key_mask = 0; /* every page key is 0: all in one hash chain */
+    tu_rng r = {77};
+    static conv a, b, x;
+    memset(&a, 0, sizeof a);
+    a.salt = SALT_A;
+    rand_ids(a.ids, 128, &r);
+    TU_OK(kvt_seq_create(p, &(kvt_seq_opts){.struct_size = sizeof(kvt_seq_opts), .salt = SALT_A},
+                         &a.id));
+    conv_append(p, &a, 128);
+    conv_release(p, &a);
+    /* b: other ids in page 0, a's ids in pages 1..3: the keys collide and
+     * the ids of pages 1..3 match, but their parent does not. */
+    b = a;
+    b.ids[5] ^= 1u;
+    assert_int_equal(conv_create(p, &b, 128, true), 0);
+    conv_append(p, &b, 128);
+    conv_verify(p, &b);
+    conv_release(p, &b);
+    TU_CHECK(p);
+    /* x: a's page 0 and 1, then b's page 2: two pages. */
+    x = a;
+    x.ids[70] = b.ids[70] ^ 7u;
+    assert_int_equal(conv_create(p, &x, 128, true), 64);
+    conv_append(p, &x, 64);
+    conv_verify(p, &x);
+    conv_release(p, &x);
+    /* A chain [X] and a chain [Z, Y]: a request [X, Y] finds page 0 under X
+     * and, with every key equal, an entry for page 1 with ids Y - but its
+     * parent is Z's page: one page, never Z's rows for Y. */
+    {
+        static conv cx, cz, q;
+        memset(&cx, 0, sizeof cx);
+        cx.salt = SALT_A;
+        rand_ids(cx.ids, 64, &r);
+        cz = cx;
+        rand_ids(cz.ids, 32, &r); /* Z, then the same Y */
+        TU_OK(kvt_seq_create(p, &(kvt_seq_opts){.struct_size = sizeof(kvt_seq_opts),
+                                                 .salt = SALT_A}, &cx.id));
+        conv_append(p, &cx, 32); /* X only */
+        conv_release(p, &cx);
+        TU_OK(kvt_seq_create(p, &(kvt_seq_opts){.struct_size = sizeof(kvt_seq_opts),
+                                                 .salt = SALT_A}, &cz.id));
+        conv_append(p, &cz, 64);
+        conv_release(p, &cz);
+        q = cx;
+        assert_int_equal(conv_create(p, &q, 64, true), 32);
+        conv_append(p, &q, 32);
+        conv_verify(p, &q);
+        conv_release(p, &q);
+        TU_CHECK(p);
+    }
+    /* The same ids under another salt: nothing, and its own rows. */
+    x = a;
+    x.salt = SALT_B;
+    assert_int_equal(conv_create(p, &x, 128, true), 0);
+    conv_append(p, &x, 128);
+    conv_verify(p, &x);
+    conv_release(p, &x);
+    TU_CHECK(p);
+    /* Drop salt A: B's pages stay and still match. */
+    uint64_t n = 0;
+    TU_OK(kvt_prefix_drop(p, SALT_A, &n));
+    assert_true(n > 0);
+    TU_CHECK(p);
+    x = a;
+    model_reset(); /* salt A's runs are gone */
+    assert_int_equal(conv_create(p, &x, 128, true), 0);
+    conv_release(p, &x);
+    model_reset();
+    {
+        static conv y; /* what salt B keyed: a's ids, 128 rows */
+        y = a;
+        y.salt = SALT_B;
+        y.n = 128;
+        model_key(&y);
+    }
+    x = a;
+    x.salt = SALT_B;
+    assert_int_equal(conv_create(p, &x, 128, true), 128);
+    conv_verify(p, &x);
+    conv_release(p, &x);
+    TU_CHECK(p);
+    kvt_pool_destroy(p);
+}
+
+/* Bad input: a clear error naming the argument, nothing attached or
+ * recorded. */
+static void test_bad_input(void **state)
+{
+    (void)state;
+    model_reset();
+    kvt_pool_opts o = cache_opts(200, 0);
+    kvt_pool *p;
+    TU_OK(kvt_pool_create(&o, &p));
+    tu_rng r = {5};
+    static conv a;
+    memset(&a, 0, sizeof a);
+    rand_ids(a.ids, 200, &r);
+    TU_OK(kvt_seq_create(p, NULL, &a.id));
+    conv_append(p, &a, 64);
+    const kvt_stats s0 = pstats(p);
+    kvt_seq_opts so;
+    TU_OK(kvt_seq_opts_init(&so));
+    so.max_tokens = 100;
+    so.prefix = a.ids;
+    so.n_prefix = 101;
+    kvt_seq_id id = 7;
+    TU_EXPECT_ERR(kvt_seq_create(p, &so, &id), KVT_EINVAL, "n_prefix");
+    assert_int_equal(id, KVT_SEQ_NONE);
+    so.n_prefix = 10;
+    so.prefix = NULL;
+    TU_EXPECT_ERR(kvt_seq_create(p, &so, &id), KVT_EINVAL, "prefix");
+    so.prefix = a.ids;
+    so.reserved = 1;
+    TU_EXPECT_ERR(kvt_seq_create(p, &so, &id), KVT_EINVAL, "reserved");
+    kvt_stats s1 = pstats(p);
+    assert_int_equal(s1.n_seqs, s0.n_seqs);
+    assert_int_equal(s1.prefix_lookups, s0.prefix_lookups);
+    /* Ids: a gap, a mismatch, past max_tokens: nothing recorded. */
+    uint32_t other = a.ids[3] + 1u;
+    TU_EXPECT_ERR(kvt_seq_tokens_set(p, a.id, 65, a.ids + 65, 1), KVT_EINVAL, "ids");
+    TU_EXPECT_ERR(kvt_seq_tokens_set(p, a.id, 3, &other, 1), KVT_EINVAL, "position 3");
+    TU_EXPECT_ERR(kvt_seq_tokens_set(p, a.id, 64, a.ids, UINT32_MAX - 10), KVT_EINVAL,
+                  "max_tokens");
+    TU_EXPECT_ERR(kvt_seq_tokens_set(p, a.id, 64, NULL, 3), KVT_EINVAL, "ids");
+    kvt_seq_info si = {.struct_size = sizeof si};
+    TU_OK(kvt_seq_info_get(p, a.id, &si));
+    assert_int_equal(si.token_ids, 64);
+    /* The same ids again are accepted (idempotent). */
+    TU_OK(kvt_seq_tokens_set(p, a.id, 0, a.ids, 64));
+    /* Fork: another salt, or a prefix. */
+    so.reserved = 0;
+    so.prefix = NULL;
+    so.n_prefix = 0;
+    so.max_tokens = 0;
+    so.salt = 9;
+    TU_EXPECT_ERR(kvt_seq_fork(p, a.id, &so, &id), KVT_EINVAL, "salt");
+    so.salt = 0;
+    so.prefix = a.ids;
+    so.n_prefix = 4;
+    TU_EXPECT_ERR(kvt_seq_fork(p, a.id, &so, &id), KVT_EINVAL, "prefix");
+    /* Step: token ids whose count is not the rows'. */
+    kvt_step_opts sto;
+    TU_OK(kvt_step_opts_init(&sto));
+    sto.flags = KVT_STEP_DENSE;
+    sto.token_ids = a.ids;
+    sto.n_token_ids = 2;
+    kvt_step *st;
+    TU_EXPECT_ERR(kvt_step_plan(p, &a.id, 1, &sto, &st), KVT_EINVAL, "n_token_ids");
+    sto.token_ids = NULL;
+    TU_EXPECT_ERR(kvt_step_plan(p, &a.id, 1, &sto, &st), KVT_EINVAL, "token_ids");
+    /* ... or that contradict recorded ids (recorded ahead of the rows). */
+    TU_OK(kvt_seq_tokens_set(p, a.id, 64, a.ids + 64, 1));
+    sto.token_ids = &other;
+    sto.n_token_ids = 1;
+    TU_EXPECT_ERR(kvt_step_plan(p, &a.id, 1, &sto, &st), KVT_EINVAL, "token_ids[0]");
+    /* Pool options: caps without the cache. */
+    kvt_pool_opts bo = cache_opts(200, 0);
+    bo.flags = 0;
+    bo.prefix_cache_bytes[KVT_TIER_HOST] = 1u << 20;
+    kvt_pool *q = NULL;
+    TU_EXPECT_ERR(kvt_pool_create(&bo, &q), KVT_EINVAL, "prefix_cache_bytes[1]");
+    assert_null(q);
+    /* A pool without the cache records ids, attaches nothing. */
+    bo.prefix_cache_bytes[KVT_TIER_HOST] = 0;
+    TU_OK(kvt_pool_create(&bo, &q));
+    static conv c;
+    memset(&c, 0, sizeof c);
+    memcpy(c.ids, a.ids, sizeof c.ids);
+    TU_OK(kvt_seq_create(q, NULL, &c.id));
+    conv_append(q, &c, 64);
+    conv_release(q, &c);
+    model_reset();
+    assert_int_equal(conv_create(q, &c, 64, true), 0);
+    assert_int_equal(pstats(q).prefix_lookups, 0);
+    conv_release(q, &c);
+    kvt_pool_destroy(q);
+    conv_verify(p, &a);
+    TU_CHECK(p);
+    kvt_pool_destroy(p);
+}
+
+/* A device-only pool far smaller than the conversations: cached pages are
+ * reclaimed (least recently used first) so that appends never fail while
+ * any could be; live sequences' pages are never touched. */
+static void test_pressure(void **state)
+{
+    (void)state;
+    model_reset();
+    const uint32_t dev = 8 * 4 * N_LAYERS * H + 1; /* 8 pages per head */
+    kvt_pool_opts o = cache_opts(dev, 0);
+    kvt_pool *p;
+    TU_OK(kvt_pool_create(&o, &p));
+    tu_rng r = {99};
+    static conv sys, c[3];
+    memset(&sys, 0, sizeof sys);
+    rand_ids(sys.ids, 64, &r); /* a two-page system prompt */
+    uint32_t hits = 0;
+    for (uint32_t round = 0; round < 40; round++) {
+        conv *x = &c[round % 3];
+        if (x->live)
+            conv_release(p, x);
+        *x = sys;
+        rand_ids(x->ids + 64, 64 + tu_below(&r, 64), &r);
+        const uint32_t m = conv_create(p, x, 64, false);
+        hits += m == 64;
+        /* Two live conversations of up to 8 pages each: the cache must give
+         * way every round. */
+        conv_append(p, x, 96 - m + tu_below(&r, 32));
+        conv_verify(p, x);
+        for (uint32_t j = 0; j < 3; j++)
+            if (c[j].live)
+                conv_verify(p, &c[j]);
+        TU_CHECK(p);
+        if (round % 3 == 2) /* one conversation ends */
+            conv_release(p, &c[(round + 1) % 3]);
+    }
+    const kvt_stats s = pstats(p);
+    assert_true(s.prefix_reclaimed_pages > 0);
+    assert_true(hits > 20); /* the system prompt stays (most recently used) */
+    print_message("# %u of 40 requests found the system prompt; %llu pages reclaimed\n", hits,
+                  (unsigned long long)s.prefix_reclaimed_pages);
+    for (uint32_t j = 0; j < 3; j++)
+        if (c[j].live)
+            conv_release(p, &c[j]);
+    TU_CHECK(p);
+    kvt_pool_destroy(p);
+}
+
+/* Random multi-request workloads on tiered pools with a disk tier (and, in
+ * one, per-tier caps): chats sharing system prompts, multi-turn
+ * continuations of earlier conversations, dense steps of one token and
+ * chunks of several with token ids, forks, truncates and releases; every
+ * decode against double-precision attention, every row against its ids,
+ * kvt_pool_check after every operation. */
+static void random_tiered(uint64_t seed, bool caps, uint32_t ops)
+{
+    model_reset();
+    pheads ph = ph_uniform(2, 2, 1, 1, 2);
+    ph_unstable(&ph, 1, 0);
+    pfx *f = pfx_new(&ph, seed);
+    kvt_pool_opts o = pfx_opts(f, 4 * 32 * N_LAYERS * H / 3, 120, 96ull << 20);
+    o.flags |= KVT_POOL_PREFIX_CACHE;
+    if (caps) {
+        o.prefix_cache_bytes[KVT_TIER_DEVICE] = 24ull * 8192;
+        o.prefix_cache_bytes[KVT_TIER_HOST] = 1; /* none on host: straight to disk */
+    }
+    TU_OK(kvt_pool_create(&o, &f->p));
+    kvt_pool *p = f->p;
+    tu_rng *r = &f->r;
+    static uint32_t sys[3][160];
+    for (uint32_t i = 0; i < 3; i++)
+        rand_ids(sys[i], 160, r);
+    static conv c[MAXC], done[8];
+    memset(c, 0, sizeof c);
+    uint32_t ndone = 0, counts[6] = {0};
+    for (uint32_t op = 0; op < ops; op++) {
+        const uint32_t i = tu_below(r, 6), kind = tu_below(r, 6);
+        conv *x = &c[i];
+        if (!x->live) {
+            memset(x, 0, sizeof *x);
+            x->salt = tu_below(r, 5) ? SALT_A : SALT_B;
+            uint32_t np;
+            if (ndone && tu_below(r, 2)) { /* the next turn of an earlier chat */
+                const conv *old = &done[tu_below(r, ndone)];
+                memcpy(x->ids, old->ids, old->n * sizeof *x->ids);
+                x->salt = old->salt;
+                np = old->n;
+            } else { /* a new chat on a system prompt */
+                const uint32_t s = tu_below(r, 3);
+                memcpy(x->ids, sys[s], sizeof sys[s]);
+                np = 64 + tu_below(r, 97);
+            }
+            const uint32_t add = 1 + tu_below(r, 80);
+            rand_ids(x->ids + np, add, r);
+            conv_create(p, x, np + add, false);
+            /* Prefill the rest: in chunks through steps (token ids), or
+             * kvt_seq_append. */
+            while (x->n < np + add) {
+                uint32_t k = np + add - x->n;
+                k = k > 48 ? 48 : k;
+                if (tu_below(r, 2)) {
+                    conv_step(p, &x, 1, &k, r);
+                } else {
+                    TU_OK(kvt_seq_tokens_set(p, x->id, x->n, x->ids + x->n, k));
+                    conv_append(p, x, k);
+                }
+            }
+            counts[0]++;
+        } else if (kind <= 1 && x->n + 8 < 500) { /* decode steps over some live chats */
+            conv *cs[MAXC];
+            uint32_t nn[MAXC], n = 0;
+            for (uint32_t j = 0; j < 6; j++)
+                if (c[j].live && c[j].n + 8 < 500 && (j == i || tu_below(r, 2))) {
+                    cs[n] = &c[j];
+                    nn[n] = 1 + (tu_below(r, 3) == 0 ? tu_below(r, 6) : 0);
+                    rand_ids(c[j].ids + c[j].n, nn[n], r);
+                    n++;
+                }
+            conv_step(p, cs, n, nn, r);
+            counts[1]++;
+        } else if (kind == 2) { /* the chat ends: remembered for a next turn */
+            if (ndone < 8)
+                done[ndone++] = *x;
+            else
+                done[tu_below(r, 8)] = *x;
+            conv_release(p, x);
+            counts[2]++;
+        } else if (kind == 3) {
+            uint32_t j = 0;
+            while (j < 6 && c[j].live)
+                j++;
+            if (j < 6) {
+                c[j] = *x;
+                TU_OK(kvt_seq_fork(p, x->id, &(kvt_seq_opts){.struct_size = sizeof(kvt_seq_opts),
+                                                            .salt = x->salt},
+                                   &c[j].id));
+                conv_verify(p, &c[j]);
+                counts[3]++;
+            }
+        } else if (kind == 4 && x->n) {
+            const uint32_t n = x->n - tu_below(r, x->n < 70 ? x->n + 1 : 70);
+            TU_OK(kvt_seq_truncate(p, x->id, n));
+            x->n = n;
+            counts[4]++;
+        } else {
+            conv_verify(p, x);
+            counts[5]++;
+        }
+        TU_CHECK(p);
+    }
+    for (uint32_t j = 0; j < 6; j++)
+        if (c[j].live) {
+            conv_verify(p, &c[j]);
+            conv_release(p, &c[j]);
+        }
+    TU_CHECK(p);
+    const kvt_stats s = pstats(p);
+    print_message("# %u ops: %u creates, %u steps, %u releases, %u forks, %u truncates; "
+                  "%llu of %llu prefix tokens hit, %llu pages reclaimed, cached %llu/%llu/%llu "
+                  "(device/host/disk)\n",
+                  ops, counts[0], counts[1], counts[2], counts[3], counts[4],
+                  (unsigned long long)s.prefix_hit_tokens,
+                  (unsigned long long)(s.prefix_hit_tokens + s.prefix_miss_tokens),
+                  (unsigned long long)s.prefix_reclaimed_pages,
+                  (unsigned long long)s.prefix_cached_pages[0],
+                  (unsigned long long)s.prefix_cached_pages[1],
+                  (unsigned long long)s.prefix_cached_pages[2]);
+    assert_true(s.prefix_hit_tokens > 0);
+    if (caps) {
+        assert_true(s.prefix_cached_pages[KVT_TIER_DEVICE] <= 24);
+        assert_int_equal(s.prefix_cached_pages[KVT_TIER_HOST], 0);
+    }
+    uint64_t n = 0;
+    TU_OK(kvt_prefix_drop_all(p, &n));
+    TU_CHECK(p);
+    assert_int_equal(dev_used(p), 0);
+    assert_int_equal(p->disk->n_ext_free, p->disk->n_ext - (p->disk->spill[0] != 0) -
+                                              (p->disk->spill[1] != 0) - (p->disk->spill[2] != 0) -
+                                              (p->disk->spill[3] != 0));
+    pfx_close(f);
+}
+
+static void test_random_tiered(void **state)
+{
+    (void)state;
+    random_tiered(1234, false, 500);
+}
+
+static void test_random_tiered_caps(void **state)
+{
+    (void)state;
+    random_tiered(4321, true, 500);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_reuse),
+        cmocka_unit_test(test_salts_and_collisions),
+        cmocka_unit_test(test_bad_input),
+        cmocka_unit_test(test_pressure),
+        cmocka_unit_test(test_random_tiered),
+        cmocka_unit_test(test_random_tiered_caps),
+    };
+    return cmocka_run_group_tests(tests, tier_setup, tier_teardown);
+}
