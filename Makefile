@@ -229,7 +229,7 @@ $(O)/bin/kvtier-pool-demo: examples/pool-demo/pool_demo.c $(LIB_SO)
 # program also carries bench_cuda.c (--backend cuda), which calls the
 # library's hidden kernel launchers: it links the static library then.
 BENCH_SRCS := examples/bench/bench.c examples/bench/bench_io.c examples/bench/bench_tier.c \
-              examples/bench/bench_fork.c
+              examples/bench/bench_fork.c examples/bench/bench_prefix.c
 BENCH_HDRS := examples/bench/bench_io.h examples/bench/bench_cuda.h
 ifeq ($(CUDA),1)
 $(O)/bin/kvtier-bench: $(BENCH_SRCS) examples/bench/bench_cuda.c $(BENCH_HDRS) $(LIB_A) $(LIB_SO)
@@ -255,7 +255,7 @@ endif
 # -fopenmp-simd so its small loops vectorise.
 DECODE_SRCS := examples/decode/main.c examples/decode/engine.c examples/decode/model.c \
                examples/decode/gguf.c examples/decode/tokenizer.c examples/decode/session.c \
-               examples/decode/draft.c examples/decode/prefill_ab.c
+               examples/decode/draft.c examples/decode/prefill_ab.c examples/decode/prefix_demo.c
 DECODE_HDRS := $(wildcard examples/decode/*.h)
 $(O)/bin/kvtier-decode: $(DECODE_SRCS) $(DECODE_HDRS) $(LIB_SO)
 	@mkdir -p $(dir $@)

@@ -13,6 +13,9 @@ int bench_tier_main(int argc, char **argv);
 /* argv[0] is "fork": a prompt forked into children against independent
  * copies (bench_fork.c); returns the process exit status. */
 int bench_fork_main(int argc, char **argv);
+/* argv[0] is "prefix": a chat workload through the prefix cache
+ * (bench_prefix.c); returns the process exit status. */
+int bench_prefix_main(int argc, char **argv);
 
 /* Helpers both subcommands use. */
 #include <errno.h>

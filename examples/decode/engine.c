@@ -142,6 +142,8 @@ void kv_open(kvcache *kc, const model *m, const engine_opts *o, int tiered, uint
             po.disk_bytes = all + all / 4 + (64u << 20);
         }
     }
+    if (o->prefix_cache)
+        po.flags |= KVT_POOL_PREFIX_CACHE;
     CHECK(kvt_pool_create(&po, &kc->pool));
     CHECK(kvt_seq_create(kc->pool, NULL, &kc->seq));
 }

@@ -26,6 +26,7 @@ typedef struct engine_opts {
     uint32_t gen;        /* tokens each generates */
     int resume;          /* the cache is restored: every page lands on the device */
     uint32_t chunk;      /* prefill chunk (tokens per kvtier step); 0 = the engine's GEMM */
+    int prefix_cache;    /* the pool keeps full pages for later requests (KVT_POOL_PREFIX_CACHE) */
 } engine_opts;
 
 /* ---- one KV cache: a pool and the sequence in it ----------------------------------- */

@@ -34,6 +34,7 @@
 #include "gguf.h"
 #include "draft.h"
 #include "prefill_ab.h"
+#include "prefix_demo.h"
 #include "engine.h"
 #include "model.h"
 #include "session.h"
@@ -73,6 +74,8 @@ static void *xmalloc(size_t n)
 typedef struct opts {
     const char *model, *tokenizer, *prompt, *prompt_file, *policy, *disk, *save, *resume;
     int tiered, compare, json, quiet, prefill_ab;
+    uint32_t prefix_demo; /* requests of --prefix-demo (0 = off) */
+    uint32_t question;    /* their question tokens */
     uint32_t budget, threads, ctx, gen, prompt_tokens, samples, chunk, draft;
     uint64_t seed;
     float temp, top_p;
@@ -104,6 +107,11 @@ static const char usage[] =
     "                       tokens, one dense step of N + 1 verifies them\n"
     "  --prefill-ab         time the GEMM prefill against the chunked one (dense and\n"
     "                       tiered caches), median of 3, then exit\n"
+    "  --prefix-demo N      N requests that share the prompt as a system prompt, each\n"
+    "                       with --question own tokens, through the prefix cache (the\n"
+    "                       later ones attach the prompt's pages and prefill only the\n"
+    "                       rest); prints prefill times and bytes saved, then exits\n"
+    "  --question N         question tokens per --prefix-demo request (default 64)\n"
     "  --save FILE          save the session (KV cache and sampler) after generating\n"
     "  --resume FILE        continue a saved session (no prompt; same model)\n"
     "  --json               print one JSON summary line on stdout at the end\n"
@@ -175,6 +183,10 @@ static void parse(int argc, char **argv, opts *o)
             o->samples = parse_u32(v, "--samples");
         else if (ARG("--chunk"))
             o->chunk = parse_u32(v, "--chunk");
+        else if (ARG("--prefix-demo"))
+            o->prefix_demo = parse_u32(v, "--prefix-demo");
+        else if (ARG("--question"))
+            o->question = parse_u32(v, "--question");
         else if (ARG("--draft"))
             o->draft = parse_u32(v, "--draft");
         else if (ARG("--save"))
@@ -205,6 +217,12 @@ static void parse(int argc, char **argv, opts *o)
         die("--compare runs one sample, without --save or --resume%s", "");
     if (o->resume && (o->prompt || o->prompt_file || o->prompt_tokens))
         die("--resume continues a saved session; it takes no prompt%s", "");
+    if (o->prefix_demo && (o->prefix_demo > 64 || o->compare || o->resume || o->save ||
+                           o->samples > 1 || o->draft))
+        die("--prefix-demo N (1 to 64) runs alone: no --compare, --resume, --save, --samples "
+            "or --draft%s", "");
+    if (o->question == 0)
+        o->question = 64;
     if (o->chunk > KVT_STEP_MAX_NEW)
         die("--chunk: at most 8192 tokens a step%s", "");
     if (o->draft && (o->draft > 64 || o->temp > 0 || o->samples > 1 || o->compare))
@@ -381,7 +399,10 @@ int main(int argc, char **argv)
     kvcache kc[2];
     int nkc = o.compare ? 2 : 1;
     const engine_opts eo = {o.budget, o.threads, o.policy, o.disk, o.samples, o.gen,
-                            o.resume != NULL, o.chunk};
+                            o.resume != NULL, o.chunk, 0};
+    if (o.prefix_demo)
+        return prefix_demo(&m, prompt, T, &eo, o.tiered, o.prefix_demo, o.question, o.seed,
+                           o.json);
     if (o.prefill_ab)
         return prefill_ab(&m, prompt, T, &eo, ctx, o.json);
     if (o.compare) {

@@ -65,6 +65,7 @@ int main(void)
     F(kvt_pool_opts, policy);
     F(kvt_pool_opts, selector);
     F(kvt_pool_opts, target_tokens);
+    F(kvt_pool_opts, prefix_cache_bytes);
     end();
 
     S(kvt_pool_sizing, KVT_POOL_SIZING);
@@ -107,12 +108,24 @@ int main(void)
     F(kvt_stats, offloaded_pages);
     F(kvt_stats, reranked_heads);
     F(kvt_stats, paused_seqs);
+    F(kvt_stats, prefix_lookups);
+    F(kvt_stats, prefix_hit_tokens);
+    F(kvt_stats, prefix_miss_tokens);
+    F(kvt_stats, prefix_hit_pages);
+    F(kvt_stats, prefix_keyed_pages);
+    F(kvt_stats, prefix_cached_pages);
+    F(kvt_stats, prefix_reclaimed_pages);
+    F(kvt_stats, prefix_dropped_pages);
     end();
 
     S(kvt_seq_opts, KVT_SEQ_OPTS);
     F(kvt_seq_opts, struct_size);
     F(kvt_seq_opts, max_tokens);
     F(kvt_seq_opts, user_data);
+    F(kvt_seq_opts, salt);
+    F(kvt_seq_opts, prefix);
+    F(kvt_seq_opts, n_prefix);
+    F(kvt_seq_opts, reserved);
     end();
 
     S(kvt_seq_info, KVT_SEQ_INFO);
@@ -123,6 +136,9 @@ int main(void)
     F(kvt_seq_info, user_data);
     F(kvt_seq_info, pages);
     F(kvt_seq_info, pages_in_tier);
+    F(kvt_seq_info, prefix_tokens);
+    F(kvt_seq_info, token_ids);
+    F(kvt_seq_info, salt);
     end();
 
     S(kvt_selector_opts, KVT_SELECTOR_OPTS);
@@ -203,6 +219,9 @@ int main(void)
     F(kvt_step_opts, n_new);
     F(kvt_step_opts, n_rows);
     F(kvt_step_opts, max_new);
+    F(kvt_step_opts, token_ids);
+    F(kvt_step_opts, n_token_ids);
+    F(kvt_step_opts, reserved2);
     end();
 
     S(kvt_mover_opts, KVT_MOVER_OPTS);

@@ -11,7 +11,9 @@
 //!   [`Policy`] and [`Selector`] it was created with, and a [`Step`] borrows
 //!   its pool mutably, so the pool cannot be touched while a step is open;
 //! * slices are checked against the geometry before any pointer crosses the
-//!   boundary (a short buffer is an `EINVAL` error, never a wild read).
+//!   boundary (a short buffer is an `EINVAL` error, never a wild read);
+//! * token ids (the prefix cache, kvtier/prefix.h) go in as slices that the
+//!   options borrow ([`SeqOpts::prefix`], [`StepOpts::token_ids`]).
 //!
 //! Buffers passed to the kernels are f32 (`KVT_DTYPE_F32` as the source type);
 //! the pool itself may store f16, bf16 or f32.
@@ -422,6 +424,15 @@ impl<'a> PoolOpts<'a> {
         self.raw.target_seqs = seqs;
         self
     }
+    /// The prefix cache (`KVT_POOL_PREFIX_CACHE`): full pages whose token ids
+    /// are known outlive their sequences until reclaimed. `cap_bytes` per tier
+    /// (device, host, disk) bounds the bytes cached pages no sequence holds
+    /// may keep there; 0 = no cap but the tier's size.
+    pub fn prefix_cache(mut self, cap_bytes: [u64; sys::KVT_NUM_TIERS]) -> Self {
+        self.raw.flags |= sys::KVT_POOL_PREFIX_CACHE;
+        self.raw.prefix_cache_bytes = cap_bytes;
+        self
+    }
     /// The raw options, for fields without a setter.
     pub fn raw(&self) -> &sys::kvt_pool_opts {
         &self.raw
@@ -434,6 +445,58 @@ impl<'a> PoolOpts<'a> {
         };
         check(unsafe { sys::kvt_pool_sizing_get(&self.raw, &mut out) })?;
         Ok(out)
+    }
+}
+
+/// Options of [`Pool::seq_create_with`]: `kvt_seq_opts` with the defaults;
+/// `'a` borrows the prefix's token ids.
+#[derive(Debug, Clone, Copy)]
+pub struct SeqOpts<'a> {
+    raw: sys::kvt_seq_opts,
+    _borrows: PhantomData<&'a [u32]>,
+}
+
+impl Default for SeqOpts<'_> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<'a> SeqOpts<'a> {
+    /// The defaults (`kvt_seq_opts_init`): the pool's token limit, no prefix.
+    pub fn new() -> SeqOpts<'a> {
+        let mut raw = sys::kvt_seq_opts::default();
+        let rc = unsafe { sys::kvt_seq_opts_init(&mut raw) };
+        debug_assert_eq!(rc, 0);
+        SeqOpts { raw, _borrows: PhantomData }
+    }
+    /// Token limit; 0 = the pool's max_seq_tokens.
+    pub fn max_tokens(mut self, n: u32) -> Self {
+        self.raw.max_tokens = n;
+        self
+    }
+    /// Opaque, reported by [`Pool::seq_info`].
+    pub fn user_data(mut self, x: u64) -> Self {
+        self.raw.user_data = x;
+        self
+    }
+    /// Separates models, adapters and tenants in the prefix cache: pages
+    /// are matched only under the salt they were keyed with (0 = default).
+    pub fn salt(mut self, salt: u64) -> Self {
+        self.raw.salt = salt;
+        self
+    }
+    /// The token ids the sequence starts with (they become its ids); a
+    /// pool with the prefix cache attaches the longest cached prefix.
+    pub fn prefix(mut self, ids: &'a [u32]) -> Self {
+        self.raw.prefix = ids.as_ptr();
+        // Past 32 bits the count is above any max_tokens (the library names
+        // opts->n_prefix), and u32::MAX ids lie within the slice.
+        self.raw.n_prefix = u32::try_from(ids.len()).unwrap_or(u32::MAX);
+        self
+    }
+    pub fn raw(&self) -> &sys::kvt_seq_opts {
+        &self.raw
     }
 }
 
@@ -488,13 +551,39 @@ impl<'a> Pool<'a> {
 
     /// A new empty sequence; max_tokens 0 = the pool's limit.
     pub fn seq_create(&mut self, max_tokens: u32, user_data: u64) -> Result<SeqId> {
-        let mut o = sys::kvt_seq_opts::default();
-        check(unsafe { sys::kvt_seq_opts_init(&mut o) })?;
-        o.max_tokens = max_tokens;
-        o.user_data = user_data;
+        self.seq_create_with(&SeqOpts::new().max_tokens(max_tokens).user_data(user_data))
+    }
+
+    /// A new sequence with the options: with [`SeqOpts::prefix`], a pool with
+    /// the prefix cache attaches the longest cached run of whole pages that
+    /// matches it ([`SeqInfo`]`::prefix_tokens`, also its starting length).
+    pub fn seq_create_with(&mut self, opts: &SeqOpts<'_>) -> Result<SeqId> {
         let mut id = 0;
-        check(unsafe { sys::kvt_seq_create(self.raw.as_ptr(), &o, &mut id) })?;
+        check(unsafe { sys::kvt_seq_create(self.raw.as_ptr(), &opts.raw, &mut id) })?;
         Ok(SeqId(id))
+    }
+
+    /// Records the token ids of positions `first .. first + ids.len()`
+    /// (contiguous from 0; known positions must keep their ids). With the
+    /// prefix cache, full pages whose ids become known are indexed.
+    pub fn seq_tokens_set(&mut self, seq: SeqId, first: u32, ids: &[u32]) -> Result<()> {
+        let n = to_u32("ids", ids.len())?;
+        check(unsafe { sys::kvt_seq_tokens_set(self.raw.as_ptr(), seq.0, first, ids.as_ptr(), n) })
+    }
+
+    /// Drops the prefix-cache entries keyed with `salt`; returns the
+    /// physical pages dropped from the index.
+    pub fn prefix_drop(&mut self, salt: u64) -> Result<u64> {
+        let mut n = 0u64;
+        check(unsafe { sys::kvt_prefix_drop(self.raw.as_ptr(), salt, &mut n) })?;
+        Ok(n)
+    }
+
+    /// [`Pool::prefix_drop`] for every salt: the index is empty afterwards.
+    pub fn prefix_drop_all(&mut self) -> Result<u64> {
+        let mut n = 0u64;
+        check(unsafe { sys::kvt_prefix_drop_all(self.raw.as_ptr(), &mut n) })?;
+        Ok(n)
     }
 
     pub fn seq_release(&mut self, seq: SeqId) -> Result<()> {
@@ -689,6 +778,9 @@ impl<'a> StepOpts<'a> {
             n_new: ptr::null(),
             n_rows: 0,
             max_new: 0,
+            token_ids: ptr::null(),
+            n_token_ids: 0,
+            reserved2: 0,
         };
         let rc = unsafe { sys::kvt_step_opts_init(&mut raw) };
         debug_assert_eq!(rc, 0);
@@ -719,6 +811,16 @@ impl<'a> StepOpts<'a> {
         self.raw.n_new = n_new.as_ptr();
         // A sum past 32 bits cannot match: the library names opts->n_rows.
         self.raw.n_rows = u32::try_from(sum).unwrap_or(u32::MAX);
+        self
+    }
+    /// The token id of every row of the step, in the rows' order (one per
+    /// sequence, or the sum of [`StepOpts::new_tokens`]): recorded as the
+    /// sequences' ids once every layer is appended, which keys the pages
+    /// they fill for the prefix cache.
+    pub fn token_ids(mut self, ids: &'a [u32]) -> Self {
+        self.raw.token_ids = ids.as_ptr();
+        // Past 32 bits the count cannot equal the rows: the library names it.
+        self.raw.n_token_ids = u32::try_from(ids.len()).unwrap_or(u32::MAX);
         self
     }
     pub fn raw(&self) -> &sys::kvt_step_opts {

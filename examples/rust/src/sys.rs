@@ -106,6 +106,7 @@ pub const KVT_NUMA_NODE: kvt_numa_policy = 1;
 pub const KVT_NUMA_INTERLEAVE: kvt_numa_policy = 2;
 
 pub const KVT_POOL_HUGEPAGES: u32 = 1 << 0;
+pub const KVT_POOL_PREFIX_CACHE: u32 = 1 << 1;
 
 pub const KVT_MAX_SEQS_DEFAULT: u32 = 1024;
 pub const KVT_MAX_SEQ_TOKENS_DEFAULT: u32 = 1 << 20;
@@ -134,6 +135,8 @@ pub struct kvt_pool_opts {
     pub policy: *const kvt_policy,
     pub selector: *const kvt_selector,
     pub target_tokens: u64,
+    // Appended by the prefix cache (prefix.h).
+    pub prefix_cache_bytes: [u64; KVT_NUM_TIERS],
 }
 
 #[repr(C)]
@@ -188,14 +191,43 @@ pub struct kvt_stats {
     pub offloaded_pages: u64,
     pub reranked_heads: u64,
     pub paused_seqs: u64,
+    // Appended by the prefix cache (prefix.h).
+    pub prefix_lookups: u64,
+    pub prefix_hit_tokens: u64,
+    pub prefix_miss_tokens: u64,
+    pub prefix_hit_pages: u64,
+    pub prefix_keyed_pages: u64,
+    pub prefix_cached_pages: [u64; KVT_NUM_TIERS],
+    pub prefix_reclaimed_pages: u64,
+    pub prefix_dropped_pages: u64,
 }
 
 #[repr(C)]
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy)]
 pub struct kvt_seq_opts {
     pub struct_size: u32,
     pub max_tokens: u32,
     pub user_data: u64,
+    // Appended by the prefix cache (prefix.h).
+    pub salt: u64,
+    pub prefix: *const u32,
+    pub n_prefix: u32,
+    pub reserved: u32,
+}
+
+/// All zeros and a null `prefix` (struct_size 0: `kvt_seq_opts_init` sets it).
+impl Default for kvt_seq_opts {
+    fn default() -> Self {
+        kvt_seq_opts {
+            struct_size: 0,
+            max_tokens: 0,
+            user_data: 0,
+            salt: 0,
+            prefix: std::ptr::null(),
+            n_prefix: 0,
+            reserved: 0,
+        }
+    }
 }
 
 #[repr(C)]
@@ -208,6 +240,10 @@ pub struct kvt_seq_info {
     pub user_data: u64,
     pub pages: u64,
     pub pages_in_tier: [u64; KVT_NUM_TIERS],
+    // Appended by the prefix cache (prefix.h).
+    pub prefix_tokens: u32,
+    pub token_ids: u32,
+    pub salt: u64,
 }
 
 // ---- selector.h -------------------------------------------------------------
@@ -327,6 +363,10 @@ pub struct kvt_step_opts {
     pub n_new: *const u32,
     pub n_rows: u32,
     pub max_new: u32,
+    // Appended after n_new (the prefix cache's token ids).
+    pub token_ids: *const u32,
+    pub n_token_ids: u32,
+    pub reserved2: u32,
 }
 
 // ---- mover.h ----------------------------------------------------------------
@@ -680,4 +720,15 @@ extern "C" {
         cap: usize,
         len: *mut usize,
     ) -> c_int;
+
+    // prefix.h
+    pub fn kvt_seq_tokens_set(
+        pool: *mut kvt_pool,
+        seq: kvt_seq_id,
+        first: u32,
+        ids: *const u32,
+        n: u32,
+    ) -> c_int;
+    pub fn kvt_prefix_drop(pool: *mut kvt_pool, salt: u64, n_pages: *mut u64) -> c_int;
+    pub fn kvt_prefix_drop_all(pool: *mut kvt_pool, n_pages: *mut u64) -> c_int;
 }

@@ -357,11 +357,21 @@ fn multi_token_step_is_causal() {
             let pages: Vec<u32> = (0..len.div_ceil(P)).collect();
             for h in 0..HQ {
                 let r = (j * HQ + h) as usize;
-                let (want, wl) =
-                    reference(&step, l, h / (HQ / HKV), len, &pages, &q[r * D as usize..][..D as usize]);
+                let (want, wl) = reference(
+                    &step,
+                    l,
+                    h / (HQ / HKV),
+                    len,
+                    &pages,
+                    &q[r * D as usize..][..D as usize],
+                );
                 for d in 0..D as usize {
                     let got = out[r * D as usize + d] as f64;
-                    assert!((got - want[d]).abs() < 1e-4, "layer {l} row {j} head {h}: {got} vs {}", want[d]);
+                    assert!(
+                        (got - want[d]).abs() < 1e-4,
+                        "layer {l} row {j} head {h}: {got} vs {}",
+                        want[d]
+                    );
                 }
                 assert!((lse[r] as f64 - wl).abs() < 1e-4 * (1.0 + wl.abs()), "lse row {j}");
             }

@@ -71,6 +71,7 @@ fn rust_structs() -> Vec<RStruct> {
             policy,
             selector,
             target_tokens,
+            prefix_cache_bytes,
         }),
         rust_layout!(kvt_pool_sizing {
             struct_size,
@@ -110,8 +111,24 @@ fn rust_structs() -> Vec<RStruct> {
             offloaded_pages,
             reranked_heads,
             paused_seqs,
+            prefix_lookups,
+            prefix_hit_tokens,
+            prefix_miss_tokens,
+            prefix_hit_pages,
+            prefix_keyed_pages,
+            prefix_cached_pages,
+            prefix_reclaimed_pages,
+            prefix_dropped_pages,
         }),
-        rust_layout!(kvt_seq_opts { struct_size, max_tokens, user_data }),
+        rust_layout!(kvt_seq_opts {
+            struct_size,
+            max_tokens,
+            user_data,
+            salt,
+            prefix,
+            n_prefix,
+            reserved,
+        }),
         rust_layout!(kvt_seq_info {
             struct_size,
             max_tokens,
@@ -120,6 +137,9 @@ fn rust_structs() -> Vec<RStruct> {
             user_data,
             pages,
             pages_in_tier,
+            prefix_tokens,
+            token_ids,
+            salt,
         }),
         rust_layout!(kvt_selector_opts {
             struct_size,
@@ -192,7 +212,10 @@ fn rust_structs() -> Vec<RStruct> {
             reserved,
             n_new,
             n_rows,
-            max_new
+            max_new,
+            token_ids,
+            n_token_ids,
+            reserved2,
         }),
         rust_layout!(kvt_mover_opts {
             struct_size,
@@ -277,4 +300,33 @@ fn struct_size_fields_are_first() {
     assert_eq!(offset_of!(sys::kvt_pool_opts, struct_size), 0);
     assert_eq!(c::KVT_POOL_OPTS.fields[0].name, "struct_size");
     assert_eq!(c::KVT_STATS.size, size_of::<sys::kvt_stats>());
+}
+
+/// Each `kvt_*_opts_init` writes sizeof(the header's struct) and sets
+/// struct_size to it: into a buffer with a sentinel past the Rust struct, a
+/// Rust struct that is too small shows as a struct_size above its size or
+/// as overwritten sentinel bytes.
+#[test]
+fn opts_init_writes_the_rust_size() {
+    unsafe fn probe<T>(name: &str, init: unsafe extern "C" fn(*mut T) -> std::os::raw::c_int) {
+        const PAD: usize = 64;
+        let n = size_of::<T>();
+        let mut buf = vec![0u64; (n + PAD).div_ceil(8)];
+        let bytes = buf.as_mut_ptr() as *mut u8;
+        std::ptr::write_bytes(bytes, 0xa5, buf.len() * 8);
+        assert_eq!(init(bytes as *mut T), 0, "{name}");
+        let struct_size = (bytes as *const u32).read();
+        assert_eq!(struct_size as usize, n, "{name}: struct_size set by the library");
+        let tail = std::slice::from_raw_parts(bytes.add(n), buf.len() * 8 - n);
+        assert!(tail.iter().all(|&b| b == 0xa5), "{name}: written past the Rust struct");
+    }
+    unsafe {
+        probe("kvt_pool_opts", sys::kvt_pool_opts_init);
+        probe("kvt_seq_opts", sys::kvt_seq_opts_init);
+        probe("kvt_step_opts", sys::kvt_step_opts_init);
+        probe("kvt_selector_opts", sys::kvt_selector_opts_init);
+        probe("kvt_policy_opts", sys::kvt_policy_opts_init);
+        probe("kvt_profiler_opts", sys::kvt_profiler_opts_init);
+        probe("kvt_mover_opts", sys::kvt_mover_opts_init);
+    }
 }
