@@ -344,7 +344,8 @@ check-asan:
 # ThreadSanitizer over the tests that run the worker threads and the tier
 # mover (the CUDA emulation's fibers are not TSan-clean by design, so the
 # build is CUDA=0).
-TSAN_TESTS := test_decode test_step test_random test_contract test_mover test_place test_share test_multi
+TSAN_TESTS := test_decode test_step test_random test_contract test_mover test_place test_share test_multi \
+              test_prefix
 check-tsan:
 	$(MAKE) O=$(O)/tsan SAN=thread CUDA=0 tsan-run
 tsan-run: $(addprefix $(O)/tests/,$(TSAN_TESTS))

@@ -43,11 +43,15 @@ typedef struct {
 
 #include "pairtest.h"
 
+static uint32_t g_pool_flags; /* kvt_pool_opts.flags of the next fx_open */
+static uint32_t g_device_blocks = 2000;
+
 static kvt_pool_opts opts_of(kvt_backend b)
 {
-    kvt_pool_opts o =
-        tu_opts(N_LAYERS, N_KV_HEADS, HQ, HEAD_DIM, PAGE_TOKENS, KVT_DTYPE_F16, 2000, 0);
+    kvt_pool_opts o = tu_opts(N_LAYERS, N_KV_HEADS, HQ, HEAD_DIM, PAGE_TOKENS, KVT_DTYPE_F16,
+                              g_device_blocks, 0);
     o.backend = b;
+    o.flags = g_pool_flags;
     o.n_threads = 2;
     o.max_seqs = 8;
     return o;
@@ -500,6 +504,82 @@ static void test_multi_token_dense(void **state)
     fx_close(&f);
 }
 
+/* Creates sequence i of both pools with prefix ids[n]; the tokens each
+ * attached must agree. */
+static uint32_t attach_both(fx *f, uint32_t i, const uint32_t *ids, uint32_t n)
+{
+    kvt_seq_opts so = KVT_SEQ_OPTS_INIT;
+    so.prefix = ids;
+    so.n_prefix = n;
+    TU_OK(kvt_seq_create(f->cpu, &so, &f->ic[i]));
+    TU_OK(kvt_seq_create(f->gpu, &so, &f->ig[i]));
+    kvt_seq_info a = {.struct_size = sizeof a}, b = {.struct_size = sizeof b};
+    TU_OK(kvt_seq_info_get(f->cpu, f->ic[i], &a));
+    TU_OK(kvt_seq_info_get(f->gpu, f->ig[i], &b));
+    assert_int_equal(a.prefix_tokens, b.prefix_tokens);
+    return a.prefix_tokens;
+}
+
+/* The prefix cache on the CUDA backend: a released sequence's full pages
+ * (GPU blocks) are attached by a later one and decode as the CPU pool's
+ * do; a device tier too small for everything reclaims cached pages so
+ * appends go on; rows and outputs against the CPU pool throughout. */
+static void test_prefix_cache(void **state)
+{
+    (void)state;
+    g_pool_flags = KVT_POOL_PREFIX_CACHE;
+    g_device_blocks = 6 * 8 * N_LAYERS * N_KV_HEADS + 1; /* 8 pages per head per sequence */
+    fx f;
+    fx_open(&f, 0x9f1e5ull, 3, 1);
+    g_pool_flags = 0;
+    g_device_blocks = 2000;
+    uint32_t ids[128];
+    for (uint32_t i = 0; i < 128; i++)
+        ids[i] = (uint32_t)(tu_next(&f.r) % 1000u);
+    assert_int_equal(attach_both(&f, 0, ids, 72), 0);
+    prefill(&f, 0, 72); /* 4 full pages keyed */
+    new_seq(&f, 1, 30);
+    new_seq(&f, 2, 50);
+    TU_OK(kvt_seq_release(f.cpu, f.ic[0]));
+    TU_OK(kvt_seq_release(f.gpu, f.ig[0]));
+    TU_CHECK(f.cpu);
+    TU_CHECK(f.gpu);
+    assert_int_equal(attach_both(&f, 0, ids, 100), 64);
+    prefill(&f, 0, 36);
+    same_contents(&f);
+    uint32_t reranked = 0;
+    for (uint32_t step = 0; step < 4; step++)
+        run_step(&f, 0, false, false, &reranked);
+    same_contents(&f);
+    TU_CHECK(f.cpu);
+    TU_CHECK(f.gpu);
+    /* Pressure: other sequences grow until the cache must give way. */
+    for (uint32_t round = 0; round < 10; round++) {
+        const uint32_t i = 1 + round % 2;
+        TU_OK(kvt_seq_release(f.cpu, f.ic[i]));
+        TU_OK(kvt_seq_release(f.gpu, f.ig[i]));
+        ids[0] = 1000u + round; /* a new prompt each time */
+        attach_both(&f, i, ids, 100);
+        uint32_t n;
+        TU_OK(kvt_seq_length_get(f.cpu, f.ic[i], 0, &n));
+        prefill(&f, i, 100 - n);
+        same_contents(&f);
+        TU_CHECK(f.cpu);
+        TU_CHECK(f.gpu);
+    }
+    for (uint32_t step = 0; step < 3; step++)
+        run_step(&f, 0, false, false, &reranked);
+    same_contents(&f);
+    kvt_stats sc = {.struct_size = sizeof sc}, sg = {.struct_size = sizeof sg};
+    TU_OK(kvt_pool_stats_get(f.cpu, &sc));
+    TU_OK(kvt_pool_stats_get(f.gpu, &sg));
+    assert_true(sg.prefix_reclaimed_pages > 0);
+    assert_int_equal(sc.prefix_reclaimed_pages, sg.prefix_reclaimed_pages);
+    assert_int_equal(sc.prefix_hit_pages, sg.prefix_hit_pages);
+    TU_CHECK(f.gpu);
+    fx_close(&f);
+}
+
 int main(void)
 {
     GPU_SKIP_WITHOUT_DEVICE();
@@ -509,6 +589,7 @@ int main(void)
         cmocka_unit_test(test_partial_step_rollback),
         cmocka_unit_test(test_fork_truncate_stream),
         cmocka_unit_test(test_multi_token_dense),
+        cmocka_unit_test(test_prefix_cache),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
