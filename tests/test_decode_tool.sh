@@ -102,6 +102,22 @@ for a in "--kv dense --chunk 37" "--kv dense" "--draft 3" "--draft 5 --budget 64
   case "$a" in --draft*) grep "^draft:" "$TMP/e" || fail "$a: no draft summary" ;; esac
 done
 
+# 7. The prefix cache: --prefix-demo's later requests attach the shared
+#    prompt's pages and prefill only their own tokens; each request's next
+#    token equals a from-scratch prefill's (the demo exits 1 otherwise), both
+#    caches, the real model too when present.
+for kv in dense tiered; do
+  # shellcheck disable=SC2086
+  "$BIN" $MM --kv $kv --prefix-demo 3 --question 40 --chunk 64 --json 2>"$TMP/e" >"$TMP/pd" ||
+    { cat "$TMP/e"; fail "--prefix-demo ($kv)"; }
+  grep -q '"next_tokens_agree":true' "$TMP/pd" || fail "--prefix-demo ($kv): $(cat "$TMP/pd")"
+  # Requests 1 and 2 took every whole page of the shared prompt from the cache.
+  T=$(sed -n 's/.*"system_tokens":\([0-9]*\).*/\1/p' "$TMP/pd")
+  W=$(( T / 16 * 16 ))
+  n=$(grep -c "^request [12]: .* $W from the cache" "$TMP/e")
+  [ "$n" -eq 2 ] || { cat "$TMP/e"; fail "--prefix-demo ($kv): later requests did not attach $W tokens"; }
+done
+
 # 5. Malformed files: junk, wrong GGUF version, missing file.
 head -c 4096 /dev/urandom >"$TMP/junk.bin"
 printf 'GGUF\011\000\000\000' >"$TMP/v9.gguf"; head -c 64 /dev/zero >>"$TMP/v9.gguf"
