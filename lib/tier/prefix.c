@@ -198,7 +198,13 @@ void kvt__pfx_register(kvt_pool *p, kvt__seq *s)
             }
         if (!free_pages || (i = kvt__pfx_entry_new(p)) == UINT32_MAX)
             break;
-        /* (A reclaim inside entry_new frees only unheld entries: not the parent.) */
+        if (pg && !kvt__pfx_valid(x, parent)) {
+            /* entry_new reclaimed the parent (an unheld entry whose content
+             * this sequence computed again): nothing to chain to. */
+            x->e[i].next = x->free_head;
+            x->free_head = i + 1u;
+            break;
+        }
         kvt__pent *e = &x->e[i];
         e->key = f->key[pg];
         e->salt = f->salt;
