@@ -487,6 +487,64 @@ static void test_salts_and_collisions(void **state)
     kvt_pool_destroy(p);
 }
 
+/* Dropping a salt while one of its sequences runs: the sequence keeps its
+ * rows and ids but is never indexed again (nor its forks); another salt's
+ * sequence goes on being indexed; sequences created later under the
+ * dropped salt are. */
+static void test_drop_live(void **state)
+{
+    (void)state;
+    model_reset();
+    kvt_pool_opts o = cache_opts(400, 0);
+    kvt_pool *p;
+    TU_OK(kvt_pool_create(&o, &p));
+    tu_rng r = {8};
+    static conv a, b, f, x;
+    memset(&a, 0, sizeof a);
+    rand_ids(a.ids, 256, &r);
+    a.salt = SALT_A;
+    b = a;
+    b.salt = SALT_B;
+    assert_int_equal(conv_create(p, &a, 64, true), 0);
+    assert_int_equal(conv_create(p, &b, 64, true), 0);
+    conv_append(p, &a, 64);
+    conv_append(p, &b, 64);
+    const uint64_t per = 2 * N_LAYERS * H; /* two pages of every (layer, head) */
+    assert_int_equal(pstats(p).prefix_keyed_pages, 2 * per);
+    uint64_t n = 0;
+    TU_OK(kvt_prefix_drop(p, SALT_A, &n));
+    assert_int_equal(n, per);
+    assert_int_equal(pstats(p).prefix_keyed_pages, per);
+    TU_CHECK(p);
+    /* a grows (rows and ids) and forks: nothing of it is indexed again. */
+    conv_append(p, &a, 64);
+    f = a;
+    TU_OK(kvt_seq_fork(p, a.id, &(kvt_seq_opts){.struct_size = sizeof(kvt_seq_opts),
+                                                .salt = SALT_A}, &f.id));
+    uint32_t nn = 32;
+    conv *fs[1] = {&f};
+    conv_step(p, fs, 1, &nn, &r);
+    conv_append(p, &b, 64); /* b is, as before */
+    assert_int_equal(pstats(p).prefix_keyed_pages, 2 * per);
+    conv_verify(p, &a);
+    conv_verify(p, &f);
+    TU_CHECK(p);
+    conv_release(p, &a);
+    conv_release(p, &f);
+    assert_int_equal(dev_used(p), (b.n + P - 1) / P * N_LAYERS * H); /* only b's pages */
+    /* A new sequence under salt A finds nothing, and is indexed itself. */
+    model_reset();
+    x = a;
+    x.n = 0;
+    assert_int_equal(conv_create(p, &x, 128, true), 0);
+    conv_append(p, &x, 128);
+    assert_int_equal(pstats(p).prefix_keyed_pages, (4 + 4) * N_LAYERS * H);
+    conv_release(p, &x);
+    conv_release(p, &b);
+    TU_CHECK(p);
+    kvt_pool_destroy(p);
+}
+
 /* Bad input: a clear error naming the argument, nothing attached or
  * recorded. */
 static void test_bad_input(void **state)
@@ -782,6 +840,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_reuse),
         cmocka_unit_test(test_salts_and_collisions),
+        cmocka_unit_test(test_drop_live),
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_pressure),
         cmocka_unit_test(test_random_tiered),

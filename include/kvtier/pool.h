@@ -242,7 +242,9 @@ KVT_API int kvt_seq_opts_init(kvt_seq_opts *opts);
  * holds them (a tiered pool brings the ones its placement needs on device
  * first). */
 KVT_API int kvt_seq_create(kvt_pool *pool, const kvt_seq_opts *opts, kvt_seq_id *out);
-/* Frees every page of the sequence in every tier. The id becomes invalid. */
+/* Frees every page of the sequence in every tier (a page another sequence
+ * holds stays theirs; one the prefix cache indexes stays cached). The id
+ * becomes invalid. */
 KVT_API int kvt_seq_release(kvt_pool *pool, kvt_seq_id seq);
 
 /* Appends n_tokens tokens of one layer: k and v hold, for each token,

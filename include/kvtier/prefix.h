@@ -24,8 +24,8 @@
  * Ids may be given before the rows (a prompt's ids before its prefill);
  * a page is keyed once every layer holds its P rows and its P ids are
  * known. A fork inherits its parent's ids; a truncation forgets the ids
- * past the cut; kvt_seq_restore restores no ids (its pages are never
- * keyed).
+ * past the cut; kvt_seq_restore restores no ids (its pages are keyed once
+ * kvt_seq_tokens_set gives them).
  *
  * Thread safety: as the pool's (one thread at a time).
  */
@@ -51,12 +51,14 @@ KVT_API int kvt_seq_tokens_set(kvt_pool *pool, kvt_seq_id seq, uint32_t first,
 
 /* Drops every index entry keyed with `salt` (a tenant leaving): cached
  * pages no sequence holds are freed in every tier; pages sequences hold
- * stay theirs, unindexed, and are freed when the last holder lets go.
- * Nothing keyed with another salt changes. *n_pages (may be NULL) = the
- * physical pages dropped from the index. */
+ * stay theirs, unindexed, and are freed when the last holder lets go; the
+ * live sequences of the salt (and their later forks) are never keyed
+ * again. Nothing keyed with another salt changes. *n_pages (may be NULL) =
+ * the physical pages dropped from the index. */
 KVT_API int kvt_prefix_drop(kvt_pool *pool, uint64_t salt, uint64_t *n_pages);
 
-/* The same for every salt: the index is empty afterwards. */
+/* The same for every salt: the index is empty afterwards, and no sequence
+ * live now is keyed again. */
 KVT_API int kvt_prefix_drop_all(kvt_pool *pool, uint64_t *n_pages);
 
 #ifdef __cplusplus

@@ -81,6 +81,7 @@ typedef struct kvt__seq {
         uint64_t *key, *ent;       /* [cap_ids / page_tokens] */
         uint32_t n_reg, epoch;
         uint32_t matched;          /* tokens attached at creation */
+        bool dropped;              /* its salt was dropped: its pages are never keyed again */
     } pfx;
     /* Backend state (lib/backend; the CUDA backend): where the GPU copy of
      * the device and metadata tables lives in the pool's table heap, laid

@@ -294,6 +294,11 @@ uint64_t kvt__pfx_drop(kvt_pool *p, bool all, uint64_t salt)
             x->dropped += kvt__pfx_entry_free(p, i);
             n += x->LH;
         }
+    /* The live sequences of the salt are not keyed again (a tenant leaving
+     * must not come back through its running requests). */
+    for (uint32_t si = 0; si < p->max_seqs; si++)
+        if (p->seqs[si].live && (all || p->seqs[si].pfx.salt == salt))
+            p->seqs[si].pfx.dropped = true;
     x->epoch++;
     return n;
 }

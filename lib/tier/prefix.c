@@ -135,8 +135,8 @@ int kvt__pfx_ids_set(kvt_pool *p, kvt__seq *s, uint32_t first, const uint32_t *i
 {
     struct kvt__seq_pfx *f = &s->pfx;
     if (first > f->n_ids)
-        return kvt__err(KVT_EINVAL, "%s: starts at position %u, but only positions 0..%u have "
-                        "ids (they are recorded in order)", what, first, f->n_ids);
+        return kvt__err(KVT_EINVAL, "%s: starts at position %u, but only the first %u "
+                        "positions have ids (they are recorded in order)", what, first, f->n_ids);
     if ((uint64_t)first + n > s->max_tokens)
         return kvt__err(KVT_EINVAL, "%s: positions %u..%llu are past the sequence's "
                         "max_tokens %u", what, first, (unsigned long long)first + n,
@@ -163,7 +163,7 @@ void kvt__pfx_register(kvt_pool *p, kvt__seq *s)
 {
     kvt__pfx *x = p->pfx;
     struct kvt__seq_pfx *f = &s->pfx;
-    if (!x || !f->ids)
+    if (!x || !f->ids || f->dropped)
         return;
     const uint32_t P = x->P, H = p->g.n_kv_heads;
     uint32_t full = UINT32_MAX;
@@ -233,6 +233,7 @@ int kvt__pfx_seq_fork(const kvt_pool *p, const kvt__seq *s, kvt__seq *c)
     const struct kvt__seq_pfx *f = &s->pfx;
     struct kvt__seq_pfx *g = &c->pfx;
     g->salt = f->salt;
+    g->dropped = f->dropped;
     g->n_reg = f->n_reg;
     g->epoch = f->epoch;
     if (!f->ids)
@@ -270,7 +271,6 @@ int kvt__pfx_attach(kvt_pool *p, kvt__seq *s, kvt_seq_id id, const uint32_t *ids
     int rc = kvt__pfx_ids_set(p, s, 0, ids, n, "opts->prefix");
     if (rc || !x)
         return rc;
-    x->lookups++;
     const uint32_t P = x->P, full = n / P;
     uint32_t m = 0;
     if (f->epoch != x->epoch) {
@@ -285,9 +285,11 @@ int kvt__pfx_attach(kvt_pool *p, kvt__seq *s, kvt_seq_id id, const uint32_t *ids
             break;
         f->ent[m] = kvt__pfx_ref(x, i);
     }
-    x->miss_tokens += n - m * P;
-    if (!m)
+    if (!m) {
+        x->lookups++;
+        x->miss_tokens += n;
         return 0;
+    }
     if ((rc = kvt__seq_reserve(p, s, m)))
         return rc;
     /* Deepest first, so that the entries of the chain that were unheld leave
@@ -300,10 +302,6 @@ int kvt__pfx_attach(kvt_pool *p, kvt__seq *s, kvt_seq_id id, const uint32_t *ids
     for (uint32_t l = 0; l < p->g.n_layers; l++)
         s->n_tokens[l] = m * P;
     f->n_reg = m;
-    f->matched = m * P;
-    *matched = m * P;
-    x->hit_tokens += (uint64_t)m * P;
-    x->hit_pages += (uint64_t)m * x->LH;
     /* A tiered pool keeps its forced pages on device: bring them in. */
     if (p->pol) {
         uint64_t need = 0;
@@ -316,6 +314,11 @@ int kvt__pfx_attach(kvt_pool *p, kvt__seq *s, kvt_seq_id id, const uint32_t *ids
         if (need && (rc = kvt__place_attach_in(p, s, id, NULL)))
             return rc;
     }
-    (void)id;
+    f->matched = m * P;
+    *matched = m * P;
+    x->lookups++;
+    x->hit_tokens += (uint64_t)m * P;
+    x->miss_tokens += n - m * P;
+    x->hit_pages += (uint64_t)m * x->LH;
     return 0;
 }
