@@ -242,7 +242,11 @@ static bool kvt__pfx_reclaim(kvt_pool *p, uint32_t t)
     const bool host_room = t == KVT_TIER_DEVICE && kvt__has_tier(p, KVT_TIER_HOST) &&
                            x->cached[KVT_TIER_HOST] + x->LH <= x->cap[KVT_TIER_HOST] &&
                            p->tier[KVT_TIER_HOST].n_free >= x->LH;
-    bool whole = t == KVT_NUM_TIERS;
+    /* A backend whose decode reads device copies only (CUDA) in a pool
+     * without placement to bring pages back: a device copy goes with its
+     * page (an attached page must be readable where it is). */
+    bool whole = t == KVT_NUM_TIERS ||
+                 (t == KVT_TIER_DEVICE && !p->pol && (p->be_caps & KVT__BE_DEVICE_REMOTE));
     const uint32_t pin = x->pin;
     x->pin = i + 1u; /* a spill's disk slot may reclaim other entries' */
     for (uint32_t lh = 0; lh < x->LH && !whole; lh++) {
