@@ -162,7 +162,8 @@ include mk/cuda.mk
 TEST_BINS += $(GPU_TEST_BINS)
 TEST_SCRIPTS := tests/test_symbols.sh tests/test_man.sh tests/test_install.sh \
                 tests/test_profile_tool.sh tests/test_decode_tool.sh tests/test_cpp_example.sh \
-                tests/test_rust.sh tests/test_gpu_scripts.sh tests/test_layers.sh
+                tests/test_rust.sh tests/test_gpu_scripts.sh tests/test_layers.sh \
+                tests/test_bench_prefix.sh
 TEST_SCRIPTS += $(GPU_TEST_SCRIPTS)
 
 .PHONY: all lib programs check check-asan check-tsan tsan-run check-valgrind demo install uninstall clean \
