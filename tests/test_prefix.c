@@ -255,10 +255,10 @@ static void conv_step(kvt_pool *p, conv **cs, uint32_t n, const uint32_t *nn, tu
                     }
                 for (uint32_t j = 0; j < nn[i]; j++) { /* token j sees T - nn + j + 1 rows */
                     const size_t row = row0[i] + j;
-                    double ro[G * HEAD_DIM], rl[G], kap, vmax;
+                    double ro[G * HEAD_DIM], rl[G], kap[G], vmax;
                     const float *qh = q + (row * H + h) * G * D;
                     tu_ref_attention(qh, G, D, kd, vd, T - nn[i] + j + 1, 1.0 / sqrt((double)D),
-                                     ro, rl, &kap, &vmax);
+                                     ro, rl, kap, &vmax);
                     for (uint32_t gd = 0; gd < G * D; gd++) {
                         const double got = out[(row * H + h) * G * D + gd];
                         if (fabs(got - ro[gd]) > 1e-3 * vmax + 1e-5)
@@ -543,6 +543,148 @@ static void test_drop_live(void **state)
     conv_release(p, &b);
     TU_CHECK(p);
     kvt_pool_destroy(p);
+}
+
+/* Found in review: state the cache inherits from the page store and the
+ * mover. (1) A page whose disk copy was dropped keeps its disk slot without
+ * the disk bit: caching, spilling and freeing it must not leak the slot.
+ * (2) A truncation lets pages go deepest first, as a release does, so a
+ * reclaim takes the chain's last page, not its first. (3) A fork with NULL
+ * options of a salted sequence takes its salt. (4) A smaller max_tokens in
+ * a fork keeps only the ids it can hold. */
+static void test_review_cases(void **state)
+{
+    (void)state;
+    model_reset();
+    kvt_mover_opts mo = tier_mover_opts(4, 2);
+    for (int spill = 0; spill < 2; spill++) {
+        kvt_pool_opts o = disk_opts(64, 64, 4u << 20, &mo);
+        o.flags |= KVT_POOL_PREFIX_CACHE;
+        if (spill)
+            o.prefix_cache_bytes[KVT_TIER_HOST] = 1; /* cached host copies go to disk */
+        kvt_pool *p;
+        TU_OK(kvt_pool_create(&o, &p));
+        tu_rng r = {3};
+        static conv a;
+        memset(&a, 0, sizeof a);
+        rand_ids(a.ids, 64, &r);
+        TU_OK(kvt_seq_create(p, NULL, &a.id));
+        conv_append(p, &a, 64);
+        kvt_fence fe;
+        kvt_move mv = {a.id, 0, 0, 0, KVT_TIER_DEVICE, KVT_TIER_DISK, 0};
+        TU_OK(kvt_mover_submit(mover_of(p), &mv, 1, 0, NULL, &fe));
+        TU_OK(kvt_mover_wait(mover_of(p), fe, UINT64_MAX));
+        kvt_move back = {a.id, 0, 0, 0, KVT_TIER_DISK, KVT_TIER_HOST, KVT_MOVE_DROP_SOURCE};
+        TU_OK(kvt_mover_submit(mover_of(p), &back, 1, 0, NULL, &fe));
+        TU_OK(kvt_mover_wait(mover_of(p), fe, UINT64_MAX));
+        TU_CHECK(p);
+        conv_release(p, &a);
+        TU_CHECK(p);
+        assert_int_equal(conv_create(p, &a, 64, true), 64);
+        conv_verify(p, &a); /* (the spilled page read back from disk) */
+        conv_release(p, &a);
+        uint64_t n;
+        TU_OK(kvt_prefix_drop_all(p, &n));
+        TU_CHECK(p);
+        assert_int_equal(p->disk->n_ext_free + (p->disk->spill[0] != 0),
+                         p->disk->n_ext); /* every slot back */
+        kvt_pool_destroy(p);
+    }
+
+    kvt_pool_opts o = cache_opts(400, 0);
+    kvt_pool *p;
+    TU_OK(kvt_pool_create(&o, &p));
+    tu_rng r = {4};
+    static conv a, b;
+    memset(&a, 0, sizeof a);
+    a.salt = SALT_A;
+    rand_ids(a.ids, 128, &r);
+    assert_int_equal(conv_create(p, &a, 128, true), 0);
+    conv_append(p, &a, 128);
+    TU_OK(kvt_seq_truncate(p, a.id, 0));
+    a.n = 0;
+    TU_CHECK(p);
+    /* Reclaim exactly one entry (one page position) by asking the metadata
+     * store for one entry's worth more than it has. */
+    kvt__pfx_make_room(p, KVT_NUM_TIERS, p->meta.n_free + N_LAYERS * H);
+    assert_int_equal(pstats(p).prefix_reclaimed_pages, N_LAYERS * H);
+    TU_CHECK(p);
+    model_reset();
+    b = a;
+    b.id = 0;
+    b.n = 96;
+    model_key(&b); /* the first three pages are what is left */
+    assert_int_equal(conv_create(p, &b, 128, true), 96);
+    conv_verify(p, &b);
+    /* Fork with NULL options: the parent's salt; a smaller limit: fewer ids. */
+    static conv c;
+    c = b;
+    TU_OK(kvt_seq_fork(p, b.id, NULL, &c.id));
+    kvt_seq_info si = {.struct_size = sizeof si};
+    TU_OK(kvt_seq_info_get(p, c.id, &si));
+    assert_true(si.salt == SALT_A);
+    conv_release(p, &c);
+    TU_OK(kvt_seq_fork(p, b.id, &(kvt_seq_opts){.struct_size = sizeof(kvt_seq_opts),
+                                                .max_tokens = 100}, &c.id));
+    TU_OK(kvt_seq_info_get(p, c.id, &si));
+    assert_int_equal(si.token_ids, 100);
+    assert_true(si.salt == SALT_A);
+    TU_EXPECT_ERR(kvt_seq_fork(p, b.id, &(kvt_seq_opts){.struct_size = sizeof(kvt_seq_opts),
+                                                        .salt = SALT_B}, &c.id),
+                  KVT_EINVAL, "salt");
+    conv_release(p, &b);
+    TU_CHECK(p);
+    kvt_pool_destroy(p);
+}
+
+/* Attaching in a tiered pool while another holder's move drops the device
+ * copy of what becomes the new sequence's last (forced) page: the attach
+ * waits for it and brings the page back. */
+static void test_attach_during_move(void **state)
+{
+    (void)state;
+    pheads ph = ph_uniform(8, 2, 1, 1, 4);
+    pfx *f = pfx_new(&ph, 5);
+    kvt_pool_opts o = pfx_opts(f, 500, 500, 0);
+    o.flags |= KVT_POOL_PREFIX_CACHE;
+    TU_OK(kvt_pool_create(&o, &f->p));
+    kvt_pool *p = f->p;
+    kvt_mover *m = f->m = mover_of(p);
+    const uint32_t T = 8 * P;
+    const uint32_t a = pfx_add(f, T, KEYS_RANDOM);
+    TU_OK(wait_all(f));
+    uint32_t ids[8 * P];
+    for (uint32_t i = 0; i < T; i++)
+        ids[i] = 11 + i;
+    TU_OK(kvt_seq_tokens_set(p, f->t[a].id, 0, ids, T));
+    kvt_fence fe;
+    for (uint32_t lh = 0; lh < NLH; lh++) /* page 3 on device in every head */
+        if (!(residency(p, f->t[a].id, lh / H, lh % H, 3) & KVT_RES_DEVICE)) {
+            kvt_move in = {f->t[a].id, lh / H, lh % H, 3, KVT_TIER_HOST, KVT_TIER_DEVICE, 0};
+            TU_OK(kvt_mover_submit(m, &in, 1, 0, NULL, &fe));
+            TU_OK(kvt_mover_wait(m, fe, UINT64_MAX));
+        }
+    kvt_move out = {f->t[a].id, 0, 0, 3, KVT_TIER_DEVICE, KVT_TIER_HOST, KVT_MOVE_DROP_SOURCE};
+    TU_OK(kvt_mover_submit(m, &out, 1, 0, NULL, &fe)); /* in flight */
+    kvt_seq_opts so;
+    TU_OK(kvt_seq_opts_init(&so));
+    so.prefix = ids;
+    so.n_prefix = 4 * P; /* pages 0..3: page 3 is the new sequence's last */
+    kvt_seq_id b;
+    TU_OK(kvt_seq_create(p, &so, &b));
+    TU_OK(kvt_mover_wait(m, fe, UINT64_MAX));
+    assert_true(residency(p, b, 0, 0, 3) & KVT_RES_DEVICE);
+    TU_CHECK(p);
+    for (uint32_t pg = 0; pg < 4; pg++)
+        for (uint32_t lh = 0; lh < NLH; lh++) { /* the attached rows are a's */
+            uint16_t kb[P * D], ka[P * D];
+            TU_OK(kvt_seq_read_kv(p, b, lh / H, lh % H, pg * P, P, kb, NULL));
+            TU_OK(kvt_seq_read_kv(p, f->t[a].id, lh / H, lh % H, pg * P, P, ka, NULL));
+            assert_memory_equal(kb, ka, sizeof kb);
+        }
+    TU_OK(kvt_seq_release(p, b));
+    TU_CHECK(p);
+    pfx_close(f);
 }
 
 /* Bad input: a clear error naming the argument, nothing attached or
@@ -841,6 +983,8 @@ int main(void)
         cmocka_unit_test(test_reuse),
         cmocka_unit_test(test_salts_and_collisions),
         cmocka_unit_test(test_drop_live),
+        cmocka_unit_test(test_review_cases),
+        cmocka_unit_test(test_attach_during_move),
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_pressure),
         cmocka_unit_test(test_random_tiered),

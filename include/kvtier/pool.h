@@ -240,7 +240,7 @@ KVT_API int kvt_seq_opts_init(kvt_seq_opts *opts);
  * prefix_tokens; the engine prefills the rest); without the cache nothing
  * is attached. Attaching is bookkeeping: the pages stay in whichever tier
  * holds them (a tiered pool brings the ones its placement needs on device
- * first). */
+ * first; when the device tier cannot take them, nothing is attached). */
 KVT_API int kvt_seq_create(kvt_pool *pool, const kvt_seq_opts *opts, kvt_seq_id *out);
 /* Frees every page of the sequence in every tier (a page another sequence
  * holds stays theirs; one the prefix cache indexes stays cached). The id
@@ -333,7 +333,7 @@ KVT_API int kvt_seq_page_meta_get(const kvt_pool *pool, kvt_seq_id seq, uint32_t
  * that includes the sequence is open (KVT_ESTATE). */
 
 /* A new sequence that shares every full page of src in every layer and KV
- * head (and src's token ids; opts->salt must be src's salt, and opts->prefix
+ * head (and src's token ids and salt; opts->salt 0 or src's, opts->prefix
  * NULL); the partially filled last page of each (layer, head) is copied into
  * a fresh device block (appending to a shared page never happens: pages are
  * shared only once full). The child inherits src's lengths, page metadata

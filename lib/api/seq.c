@@ -92,7 +92,23 @@ KVT_API int kvt_seq_create(kvt_pool *pool, const kvt_seq_opts *opts, kvt_seq_id 
     const kvt_seq_id id = kvt__seq_id_make(pool, slot, s->gen);
     if (o.n_prefix) { /* the longest cached prefix, then the rest of its ids */
         uint32_t matched;
-        int rc = kvt__pfx_attach(pool, s, id, o.prefix, o.n_prefix, &matched);
+        int rc = kvt__pfx_attach(pool, s, id, o.prefix, o.n_prefix, true, &matched);
+        if (rc == KVT_ENOSPC) {
+            /* A tiered pool cannot bring the attached pages' forced ones in:
+             * the request goes on without the cache (as if it had missed). */
+            kvt_seq_release(pool, id);
+            rc = kvt_seq_create(pool, &(kvt_seq_opts){.struct_size = sizeof(kvt_seq_opts),
+                                                      .max_tokens = max_tokens,
+                                                      .user_data = o.user_data,
+                                                      .salt = o.salt},
+                                out);
+            if (!rc && (rc = kvt__pfx_attach(pool, &pool->seqs[kvt__seq_id_slot(*out)], *out,
+                                             o.prefix, o.n_prefix, false, &matched))) {
+                kvt_seq_release(pool, *out);
+                *out = KVT_SEQ_NONE;
+            }
+            return rc;
+        }
         if (rc) {
             char why[256]; /* (the message buffer is the one kvt__err writes) */
             snprintf(why, sizeof why, "%s", kvt_last_error());

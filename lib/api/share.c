@@ -161,9 +161,11 @@ KVT_API int kvt_seq_fork(kvt_pool *pool, kvt_seq_id src, const kvt_seq_opts *opt
     if (o.prefix || o.n_prefix)
         return kvt__err(KVT_EINVAL, "opts->prefix: a fork starts with its parent's tokens "
                         "(set prefix NULL and n_prefix 0)");
+    if (!o.salt) /* 0 (NULL opts, an older layout): the parent's */
+        o.salt = s->pfx.salt;
     if (o.salt != s->pfx.salt)
         return kvt__err(KVT_EINVAL, "opts->salt: 0x%llx, but the sequence forked has salt "
-                        "0x%llx (a fork shares its parent's keyed pages)",
+                        "0x%llx (a fork shares its parent's keyed pages; 0 = the parent's)",
                         (unsigned long long)o.salt, (unsigned long long)s->pfx.salt);
     if (o.max_tokens < longest)
         return kvt__err(KVT_EINVAL, "opts->max_tokens: %u is below the %u tokens of the "
@@ -338,7 +340,9 @@ KVT_API int kvt_seq_truncate(kvt_pool *pool, kvt_seq_id seq, uint32_t n_tokens)
             continue;
         for (uint32_t h = 0; h < H; h++) {
             const size_t lh = kvt__lh(pool, l, h), e = lh * s->cap_pages + q;
-            for (uint32_t pg = np; pg < kvt__pages_for(pool, cur); pg++) {
+            /* Last page first: cached pages join the prefix cache's LRU
+             * list deepest first (as a release's). */
+            for (uint32_t pg = kvt__pages_for(pool, cur); pg-- > np;) {
                 kvt__page_letgo(pool, s, lh, pg);
                 s->tier.imp[lh * s->cap_pages + pg] = 0;
                 s->tier.use[lh * s->cap_pages + pg] = 0;

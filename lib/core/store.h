@@ -80,6 +80,7 @@ typedef struct kvt__seq {
         uint32_t n_ids, cap_ids;   /* cap_ids: a multiple of the page size */
         uint64_t *key, *ent;       /* [cap_ids / page_tokens] */
         uint32_t n_reg, epoch;
+        uint32_t n_key;            /* pages whose key is computed (valid until a cut) */
         uint32_t matched;          /* tokens attached at creation */
         bool dropped;              /* its salt was dropped: its pages are never keyed again */
     } pfx;

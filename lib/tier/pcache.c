@@ -4,6 +4,7 @@
  * first when another tier holds the page, else spilled to the host tier; a
  * host copy next, spilled to the disk tier; then the page), and dropped by
  * salt or all at once. The index itself is prefix.c. */
+#include <stdio.h>
 #include <string.h>
 
 #include "tier.h"
@@ -81,6 +82,7 @@ uint64_t kvt__pfx_entry_free(kvt_pool *p, uint32_t i)
         for (uint32_t t = 0; t < KVT_NUM_TIERS; t++)
             if (x->res[k] & (1u << t))
                 kvt__pfx_drop_copy(p, k, t);
+        kvt__disk_page_free(p, m); /* (a slot kept without a disk copy) */
         x->res[k] = 0;
         p->pg_ref[m] = 0;
         kvt__arena_free(&p->meta, m);
@@ -93,6 +95,7 @@ uint64_t kvt__pfx_entry_free(kvt_pool *p, uint32_t i)
         }
     kvt__pfx_lru_unlink(x, i);
     x->keyed -= x->LH;
+    x->epoch++; /* sequences naming it recheck (and key their own pages) */
     e->live = 0;
     e->gen++;
     e->n_held = 0;
@@ -170,6 +173,8 @@ void kvt__pfx_detach(kvt_pool *p, kvt__seq *s, size_t lh, uint32_t page)
     x->res[k] = r & (KVT__RES_TIERS | KVT__RES_NONFINITE);
     if (r & KVT_RES_HOST)
         p->host_owner[x->host[k]] = (kvt__owner){KVT__OWNER_PFX, k, 0};
+    if (!(r & KVT_RES_DISK)) /* a slot a failed or dropping move left: not a copy */
+        kvt__disk_page_free(p, m);
     p->pg_ref[m] = 0;
     p->pg_hold[m] = 0;
     for (uint32_t t = 0; t < KVT_NUM_TIERS; t++)
@@ -214,8 +219,8 @@ static int kvt__pfx_spill_host(kvt_pool *p, uint32_t k)
 static int kvt__pfx_spill_disk(kvt_pool *p, uint32_t k)
 {
     kvt__pfx *x = p->pfx;
-    uint64_t slot;
-    int rc = kvt__disk_spill_slot(p, k % x->LH, x->meta[k], &slot);
+    uint64_t slot = p->disk->pslot[x->meta[k]];
+    int rc = slot != UINT64_MAX ? 0 : kvt__disk_spill_slot(p, k % x->LH, x->meta[k], &slot);
     if (!rc)
         rc = kvt__disk_write_page(p, slot,
                                   kvt__arena_block(&p->tier[KVT_TIER_HOST], x->host[k]));
@@ -255,12 +260,14 @@ static bool kvt__pfx_reclaim(kvt_pool *p, uint32_t t)
             continue;
         if (!(x->res[k] & others)) { /* the only copy: move it down, or give up the page */
             int rc = KVT_ENOSPC;
+            char keep[512]; /* the caller's message (a failed spill's is not news) */
+            snprintf(keep, sizeof keep, "%s", kvt_last_error());
             if (t == KVT_TIER_DEVICE && host_room)
                 rc = kvt__pfx_spill_host(p, k);
             else if (t == KVT_TIER_HOST && p->disk)
                 rc = kvt__pfx_spill_disk(p, k);
             if (rc) {
-                kvt_clear_error();
+                kvt__err(0, "%s", keep);
                 whole = true;
                 break;
             }

@@ -375,8 +375,8 @@ static int kvt__place_in(kvt_pool *p, kvt__seq *s, kvt_seq_id id, uint32_t n_tok
                     !kvt__forced(pg, np, n_tokens, P, p->pol->sink[lh], p->pol->local[lh]))
                     continue;
                 const size_t e = lh * s->cap_pages + pg;
-                if (!count)
-                    kvt__mover_drain_page(p->mover, s, e); /* another holder's move */
+                if (!count || attach) /* another holder's move (an attach counts after it) */
+                    kvt__mover_drain_page(p->mover, s, e);
                 if (s->res[e] & (KVT_RES_DEVICE | KVT__RES_INBOUND))
                     continue;
                 n++;

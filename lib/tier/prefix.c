@@ -180,7 +180,10 @@ void kvt__pfx_register(kvt_pool *p, kvt__seq *s)
         const uint64_t parent = pg ? f->ent[pg - 1u] : 0;
         if (pg && !kvt__pfx_valid(x, parent))
             break; /* the chain before it is not indexed: nor can it be */
-        f->key[pg] = kvt__pfx_key(x, pg ? f->key[pg - 1u] : 0, id, f->salt);
+        if (pg >= f->n_key) { /* keys stay valid until a truncation */
+            f->key[pg] = kvt__pfx_key(x, pg ? f->key[pg - 1u] : 0, id, f->salt);
+            f->n_key = pg + 1u;
+        }
         if (kvt__pfx_valid(x, f->ent[pg]) && x->e[(uint32_t)f->ent[pg] - 1u].parent == parent)
             continue;
         uint32_t i = kvt__pfx_find(x, f->key[pg], f->salt, pg, parent, id);
@@ -235,6 +238,7 @@ int kvt__pfx_seq_fork(const kvt_pool *p, const kvt__seq *s, kvt__seq *c)
     g->salt = f->salt;
     g->dropped = f->dropped;
     g->n_reg = f->n_reg;
+    g->n_key = f->n_key;
     g->epoch = f->epoch;
     if (!f->ids)
         return 0;
@@ -248,7 +252,7 @@ int kvt__pfx_seq_fork(const kvt_pool *p, const kvt__seq *s, kvt__seq *c)
     memcpy(g->key, f->key, np * sizeof *g->key);
     memcpy(g->ent, f->ent, np * sizeof *g->ent);
     g->cap_ids = f->cap_ids;
-    g->n_ids = f->n_ids;
+    g->n_ids = f->n_ids < c->max_tokens ? f->n_ids : c->max_tokens; /* (a smaller limit) */
     return 0;
 }
 
@@ -256,14 +260,15 @@ void kvt__pfx_seq_cut(const kvt_pool *p, kvt__seq *s, uint32_t n)
 {
     struct kvt__seq_pfx *f = &s->pfx;
     f->n_ids = f->n_ids < n ? f->n_ids : n;
-    const uint32_t full = n / p->g.page_tokens;
+    const uint32_t full = n / p->g.page_tokens, kept = f->n_ids / p->g.page_tokens;
     f->n_reg = f->n_reg < full ? f->n_reg : full;
+    f->n_key = f->n_key < kept ? f->n_key : kept;
     for (uint32_t pg = full; f->ent && pg < f->cap_ids / p->g.page_tokens; pg++)
         f->ent[pg] = 0;
 }
 
 int kvt__pfx_attach(kvt_pool *p, kvt__seq *s, kvt_seq_id id, const uint32_t *ids, uint32_t n,
-                    uint32_t *matched)
+                    bool attach, uint32_t *matched)
 {
     kvt__pfx *x = p->pfx;
     struct kvt__seq_pfx *f = &s->pfx;
@@ -271,6 +276,11 @@ int kvt__pfx_attach(kvt_pool *p, kvt__seq *s, kvt_seq_id id, const uint32_t *ids
     int rc = kvt__pfx_ids_set(p, s, 0, ids, n, "opts->prefix");
     if (rc || !x)
         return rc;
+    if (!attach) { /* the ids only */
+        x->lookups++;
+        x->miss_tokens += n;
+        return 0;
+    }
     const uint32_t P = x->P, full = n / P;
     uint32_t m = 0;
     if (f->epoch != x->epoch) {
@@ -284,7 +294,9 @@ int kvt__pfx_attach(kvt_pool *p, kvt__seq *s, kvt_seq_id id, const uint32_t *ids
         if (i == UINT32_MAX)
             break;
         f->ent[m] = kvt__pfx_ref(x, i);
+        f->n_key = m + 1u;
     }
+    f->n_key = f->n_key > m ? m : f->n_key;
     if (!m) {
         x->lookups++;
         x->miss_tokens += n;
@@ -302,7 +314,8 @@ int kvt__pfx_attach(kvt_pool *p, kvt__seq *s, kvt_seq_id id, const uint32_t *ids
     for (uint32_t l = 0; l < p->g.n_layers; l++)
         s->n_tokens[l] = m * P;
     f->n_reg = m;
-    /* A tiered pool keeps its forced pages on device: bring them in. */
+    /* A tiered pool keeps its forced pages on device: bring them in (after
+     * the moves other holders have in flight on them land). */
     if (p->pol) {
         uint64_t need = 0;
         kvt__place_attach_in(p, s, id, &need);
@@ -311,7 +324,7 @@ int kvt__pfx_attach(kvt_pool *p, kvt__seq *s, kvt_seq_id id, const uint32_t *ids
             return kvt__err(KVT_ENOSPC, "opts->prefix: %u tokens matched, but the %llu pages "
                             "the placement keeps on device do not fit (%u blocks free)", m * P,
                             (unsigned long long)need, p->tier[KVT_TIER_DEVICE].n_free);
-        if (need && (rc = kvt__place_attach_in(p, s, id, NULL)))
+        if ((rc = kvt__place_attach_in(p, s, id, NULL)))
             return rc;
     }
     f->matched = m * P;

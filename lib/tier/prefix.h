@@ -61,13 +61,13 @@ KVT__HIDDEN void kvt__pfx_register(kvt_pool *p, kvt__seq *s);
 KVT__HIDDEN int kvt__pfx_seq_fork(const kvt_pool *p, const kvt__seq *s, kvt__seq *c);
 /* A truncation of s to n tokens. */
 KVT__HIDDEN void kvt__pfx_seq_cut(const kvt_pool *p, kvt__seq *s, uint32_t n);
-/* kvt_seq_create with a prefix: attaches to the new, empty s the longest
- * run of cached whole pages matching ids[n] under s's salt and sets its
- * lengths; *matched = tokens attached. A tiered pool then brings the
- * pages its placement keeps on device there (KVT_ENOSPC, KVT_EIO: the
- * caller releases s). */
+/* kvt_seq_create with a prefix: records ids[n] as s's and (attach) attaches
+ * to the new, empty s the longest run of cached whole pages matching them
+ * under s's salt and sets its lengths; *matched = tokens attached. A
+ * tiered pool then brings the pages its placement keeps on device there
+ * (KVT_ENOSPC, KVT_EIO, KVT_ECORRUPT: the caller releases s). */
 KVT__HIDDEN int kvt__pfx_attach(kvt_pool *p, kvt__seq *s, kvt_seq_id id, const uint32_t *ids,
-                                uint32_t n, uint32_t *matched);
+                                uint32_t n, bool attach, uint32_t *matched);
 static inline bool kvt__pfx_indexed(const kvt_pool *p, uint32_t meta)
 {
     return p->pfx && p->pfx->pg_key[meta] != 0;
