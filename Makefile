@@ -150,7 +150,7 @@ TESTS_STATIC := test_convert test_crc32c test_mckp test_profiler test_contract
 TESTS_STATIC_TIER := test_share
 # Fault-injection tests link a static library whose tier sources are built
 # with KVT_FAULT_INJECTION; the installed library never has the hooks.
-TESTS_FAULT  := test_mover_faults test_place_faults test_prefix
+TESTS_FAULT  := test_mover_faults test_place_faults test_prefix test_prefix_load
 # Tests of the example decoder's own parts (GGUF reader, tokenizers): no
 # libkvtier; test_decode_model runs the decoder's engine on a GGUF it writes.
 TESTS_DECODE := test_gguf test_tokenizer test_decode_model
@@ -280,8 +280,10 @@ TEST_CFLAGS = -std=c11 -D_GNU_SOURCE -Iinclude -Ilib/core $(WARN) -Wno-conversio
 TIERTEST_SRCS  := tests/tiertest.c
 PLACETEST_SRCS := tests/placetest.c $(TIERTEST_SRCS)
 $(O)/tests/test_mover $(O)/tests/test_mover_faults: $(TIERTEST_SRCS)
-$(O)/tests/test_place $(O)/tests/test_place_faults $(O)/tests/test_multi \
-  $(O)/tests/test_prefix: $(PLACETEST_SRCS)
+$(O)/tests/test_place $(O)/tests/test_place_faults $(O)/tests/test_multi: $(PLACETEST_SRCS)
+# The prefix cache tests: tests/prefixtest.c too.
+PREFIXTEST_SRCS := tests/prefixtest.c $(PLACETEST_SRCS)
+$(O)/tests/test_prefix $(O)/tests/test_prefix_load: $(PREFIXTEST_SRCS) tests/prefixtest.h
 
 $(addprefix $(O)/tests/,$(TESTS_SHARED)): $(O)/tests/%: tests/%.c tests/testutil.h tests/tiertest.h \
                                            tests/placetest.h $(LIB_SO)
@@ -346,7 +348,7 @@ check-asan:
 # mover (the CUDA emulation's fibers are not TSan-clean by design, so the
 # build is CUDA=0).
 TSAN_TESTS := test_decode test_step test_random test_contract test_mover test_place test_share test_multi \
-              test_prefix
+              test_prefix test_prefix_load
 check-tsan:
 	$(MAKE) O=$(O)/tsan SAN=thread CUDA=0 tsan-run
 tsan-run: $(addprefix $(O)/tests/,$(TSAN_TESTS))
