@@ -145,7 +145,7 @@ PROG_RPATH := -Wl,-rpath,'$$ORIGIN/../lib'
 # (kvt__*) link the static one.
 TESTS_SHARED := test_errors test_opts test_pool test_append test_random test_c_headers \
                 test_select test_decode test_step test_mover test_policy test_place test_multi
-TESTS_STATIC := test_convert test_crc32c test_mckp test_profiler test_contract
+TESTS_STATIC := test_convert test_crc32c test_mckp test_profiler test_contract test_redis_slot
 # Static tests with the tier helpers (tests/tiertest.c).
 TESTS_STATIC_TIER := test_share
 # Fault-injection tests link a static library whose tier sources are built
@@ -163,7 +163,7 @@ TEST_BINS += $(GPU_TEST_BINS)
 TEST_SCRIPTS := tests/test_symbols.sh tests/test_man.sh tests/test_install.sh \
                 tests/test_profile_tool.sh tests/test_decode_tool.sh tests/test_cpp_example.sh \
                 tests/test_rust.sh tests/test_gpu_scripts.sh tests/test_layers.sh \
-                tests/test_bench_prefix.sh
+                tests/test_bench_prefix.sh tests/test_redis_slot.sh
 TEST_SCRIPTS += $(GPU_TEST_SCRIPTS)
 
 .PHONY: all lib programs check check-asan check-tsan tsan-run check-valgrind demo install uninstall clean \

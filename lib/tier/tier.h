@@ -83,6 +83,12 @@ KVT__HIDDEN int kvt__disk_read_page(const kvt_pool *p, uint64_t slot, void *buf)
  * returns 0, KVT_EIO, KVT_ENOMEM or KVT_ECORRUPT; the block is tmp's
  * first block_bytes. */
 KVT__HIDDEN int kvt__disk_read_into(const kvt_pool *p, uint64_t slot, void *tmp);
+/* ---- the remote tier (rslot.c; issue 26, in progress) ----------------------
+ * CRC16 as Redis Cluster computes it (XMODEM), and the cluster key slot of
+ * a key (0 .. 16383; the hash tag's when the key has a non-empty one). */
+KVT__HIDDEN uint16_t kvt__redis_crc16(const void *buf, size_t len);
+KVT__HIDDEN uint32_t kvt__redis_slot(const void *key, size_t len);
+
 /* Invariant walk of the extents (called by kvt_pool_check). */
 KVT__HIDDEN int kvt__disk_check(const kvt_pool *p);
 /* Grows s->tier.disk_ext to cover cap_pages pages per (layer, head). */
