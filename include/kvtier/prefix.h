@@ -17,7 +17,7 @@
  * the page (else it moves to the host tier when that has room), a host copy
  * next (written to the disk tier when there is one), then the page itself.
  * A page is always reclaimed with the other (layer, KV head) pages of its
- * entry and after the entries that extend it.
+ * entry, normally after the entries that extend it (chains go deepest first).
  *
  * Token ids reach a sequence three ways: kvt_seq_opts.prefix at creation,
  * kvt_step_opts.token_ids with a step's rows, and kvt_seq_tokens_set.
