@@ -75,8 +75,6 @@ KVT_API int kvt_step_append(kvt_step *st, uint32_t layer, const void *k, const v
                             "reserved by the plan", i);
         need += (uint64_t)st->H * (kvt__pages_for(p, t + nn) - kvt__pages_for(p, t));
     }
-    kvt__pfx_make_room(p, KVT_TIER_DEVICE, need); /* cached pages no sequence holds */
-    kvt__pfx_make_room(p, KVT_NUM_TIERS, need);
     if (need > p->tier[KVT_TIER_DEVICE].n_free)
         return kvt__err(KVT_ENOSPC, "device tier: %llu blocks needed for layer %u, %u free",
                         (unsigned long long)need, layer, p->tier[KVT_TIER_DEVICE].n_free);

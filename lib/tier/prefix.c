@@ -232,7 +232,6 @@ void kvt__pfx_register(kvt_pool *p, kvt__seq *s)
 
 int kvt__pfx_seq_fork(const kvt_pool *p, const kvt__seq *s, kvt__seq *c)
 {
-    (void)p;
     const struct kvt__seq_pfx *f = &s->pfx;
     struct kvt__seq_pfx *g = &c->pfx;
     g->salt = f->salt;
