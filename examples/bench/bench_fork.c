@@ -61,20 +61,6 @@ typedef struct {
     uint64_t pages;      /* pages of the prompt (layers x heads x pages) */
 } fork_run;
 
-/* A deterministic f16 pattern: small finite values. */
-static void fill_f16(uint16_t *b, size_t n, uint64_t seed)
-{
-    uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
-    for (size_t i = 0; i < n; i++) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        /* sign, exponent 11..14 (0.0039 .. 2), random mantissa */
-        b[i] = (uint16_t)(((x >> 20) & 0x8000u) | ((11u + ((x >> 40) & 3u)) << 10) |
-                          ((x >> 8) & 0x3ffu));
-    }
-}
-
 static void run_pool(const fork_opts *o, bool fork, const uint16_t *prompt, fork_run *r)
 {
     const uint32_t L = o->layers, H = o->kv_heads, D = o->head_dim, P = o->page;
@@ -137,7 +123,7 @@ static void run_pool(const fork_opts *o, bool fork, const uint16_t *prompt, fork
     uint64_t x = 12345;
     for (uint32_t s = 0; s < o->steps; s++) {
         /* Each child its own token and queries (the samples diverge). */
-        fill_f16(kv, (size_t)C * tok * 2u, 1000u + s);
+        bench_fill_f16(kv, (size_t)C * tok * 2u, 1000u + s);
         for (size_t i = 0; i < (size_t)C * o->q_heads * D; i++) {
             x = x * 6364136223846793005ull + 1442695040888963407ull;
             q[i] = (float)((double)(x >> 11) * 0x1p-53 - 0.5);
@@ -224,7 +210,7 @@ int bench_fork_main(int argc, char **argv)
         bench_usage_exit(PROG, "--q-heads must be a multiple of --kv-heads", NULL, fork_usage);
     const size_t tok = (size_t)o.kv_heads * o.head_dim;
     uint16_t *prompt = bench_xmalloc((size_t)o.ctx * tok * 2u * sizeof *prompt);
-    fill_f16(prompt, (size_t)o.ctx * tok * 2u, 7);
+    bench_fill_f16(prompt, (size_t)o.ctx * tok * 2u, 7);
     double bytes_r[FORK_MAX_RUNS], step_r[FORK_MAX_RUNS], fork_us[FORK_MAX_RUNS];
     for (uint32_t run = 0; run < o.runs; run++) {
         fork_run fr, cr;

@@ -90,6 +90,20 @@ static inline double bench_median(double *v, uint32_t n)
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+/* A deterministic f16 pattern from seed: small finite values (sign,
+ * exponent 11..14, i.e. 0.0039 .. 2, random mantissa). */
+static inline void bench_fill_f16(uint16_t *b, size_t n, uint64_t seed)
+{
+    uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+    for (size_t i = 0; i < n; i++) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        b[i] = (uint16_t)(((x >> 20) & 0x8000u) | ((11u + ((x >> 40) & 3u)) << 10) |
+                          ((x >> 8) & 0x3ffu));
+    }
+}
+
 static inline double bench_now(void)
 {
     struct timespec ts;

@@ -83,19 +83,6 @@ static uint32_t tok_id(uint32_t conv, uint32_t pos, uint32_t system)
     return (uint32_t)(x % 32000u);
 }
 
-/* Small finite f16 values (a rows pattern; their content does not matter). */
-static void fill_rows(uint16_t *b, size_t n)
-{
-    uint64_t x = 88172645463325252ull;
-    for (size_t i = 0; i < n; i++) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        b[i] = (uint16_t)(((x >> 20) & 0x8000u) | ((11u + ((x >> 40) & 3u)) << 10) |
-                          ((x >> 8) & 0x3ffu));
-    }
-}
-
 static void run_pool(const prefix_opts *o, bool cache, const uint16_t *rows, prefix_run *r)
 {
     const uint32_t L = o->layers, H = o->kv_heads, D = o->head_dim, P = o->page;
@@ -231,7 +218,7 @@ int bench_prefix_main(int argc, char **argv)
     const uint32_t max_len = o.system + o.turns * o.turn_tokens;
     const size_t tokw = (size_t)o.kv_heads * o.head_dim;
     uint16_t *rows = bench_xmalloc((size_t)max_len * tokw * 2u * sizeof *rows);
-    fill_rows(rows, (size_t)max_len * tokw * 2u);
+    bench_fill_f16(rows, (size_t)max_len * tokw * 2u, 7); /* (content does not matter) */
     const uint64_t tok_bytes = (uint64_t)o.layers * tokw * 2u * 2u;
     const uint64_t no_share =
         (uint64_t)o.convs * ((uint64_t)o.system + (uint64_t)o.turns * o.turn_tokens) * tok_bytes;
