@@ -445,6 +445,21 @@ static void test_bad_input(void **state)
     TU_EXPECT_ERR(kvt_seq_tokens_set(p, a.id, 64, a.ids, UINT32_MAX - 10), KVT_EINVAL,
                   "max_tokens");
     TU_EXPECT_ERR(kvt_seq_tokens_set(p, a.id, 64, NULL, 3), KVT_EINVAL, "ids");
+    TU_EXPECT_ERR(kvt_seq_tokens_set(NULL, a.id, 64, a.ids, 1), KVT_EINVAL, "pool");
+    TU_EXPECT_ERR(kvt_seq_tokens_set(p, a.id + (1ull << 32), 64, a.ids, 1), KVT_ENOENT, "");
+    TU_EXPECT_ERR(kvt_prefix_drop(NULL, 0, NULL), KVT_EINVAL, "pool");
+    TU_EXPECT_ERR(kvt_prefix_drop_all(NULL, NULL), KVT_EINVAL, "pool");
+    {
+        kvt_step_opts dso;
+        TU_OK(kvt_step_opts_init(&dso));
+        dso.flags = KVT_STEP_DENSE;
+        kvt_step *open_st;
+        TU_OK(kvt_step_plan(p, &a.id, 1, &dso, &open_st));
+        TU_EXPECT_ERR(kvt_seq_tokens_set(p, a.id, 64, a.ids + 64, 1), KVT_ESTATE,
+                      "kvt_seq_tokens_set");
+        /* (a step that appended nothing: finishing it changes nothing) */
+        TU_OK(kvt_step_finish(open_st));
+    }
     kvt_seq_info si = {.struct_size = sizeof si};
     TU_OK(kvt_seq_info_get(p, a.id, &si));
     assert_int_equal(si.token_ids, 64);
