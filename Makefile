@@ -107,6 +107,11 @@ endif
 ifneq ($(filter check% tsan-run tests gpu-tests gpu-bins $(O)/tests/%,$(MAKECMDGOALS)),)
 include $(O)/config-test.mk
 endif
+include $(O)/config-redis.mk
+endif
+# REDIS=0 leaves the remote tier out (kvtier/remote.h: KVT_ENOTSUP).
+ifeq ($(REDIS),0)
+REDIS_HAVE := 0
 endif
 
 $(O)/config.mk: Makefile
@@ -115,10 +120,32 @@ $(O)/config-decode.mk: Makefile $(O)/config.mk   # one apt-get at a time under -
 	$(call kvt_deps,$(DECODE_DEPS),$@,BLAS)
 $(O)/config-test.mk: Makefile $(O)/config.mk $(O)/config-decode.mk
 	$(call kvt_deps,$(TEST_DEPS),$@,CMOCKA)
+# hiredis, for the remote tier: optional (like nvcc). Used when pkg-config
+# finds it, installed when it can be (root and apt-get), else left out.
+$(O)/config-redis.mk: Makefile $(O)/config.mk $(O)/config-decode.mk
+	@mkdir -p $(dir $@)
+	@if [ "$(REDIS)" != 0 ] && ! pkg-config --exists hiredis 2>/dev/null && \
+	    [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "kvtier: installing libhiredis-dev (the remote tier)"; \
+	  (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q libhiredis-dev) \
+	    || echo "kvtier: apt-get install libhiredis-dev failed: no remote tier"; \
+	fi; \
+	if pkg-config --exists hiredis 2>/dev/null; then \
+	  { echo "REDIS_HAVE := 1"; echo "REDIS_CFLAGS := $$(pkg-config --cflags hiredis)"; \
+	    echo "REDIS_LIBS := $$(pkg-config --libs hiredis)"; } > $@.tmp; \
+	else echo "kvtier: hiredis not found: building without the remote tier"; \
+	  echo "REDIS_HAVE := 0" > $@.tmp; fi; mv $@.tmp $@
 
 # ---- sources ----------------------------------------------------------------
 LIB_SRCS := $(wildcard lib/core/*.c lib/select/*.c lib/attn/*.c lib/policy/*.c lib/tier/*.c \
                       lib/step/*.c lib/api/*.c) lib/backend/cpu.c
+ifeq ($(REDIS_HAVE),1)
+LIB_SRCS := $(filter-out lib/tier/rclient_none.c,$(LIB_SRCS))
+DEP_CFLAGS += $(patsubst -I%,-isystem %,$(REDIS_CFLAGS)) # (its headers warn)
+DEP_LIBS += $(REDIS_LIBS)
+else
+LIB_SRCS := $(filter-out lib/tier/rclient.c lib/tier/rconn.c,$(LIB_SRCS))
+endif
 ifeq ($(CUDA),1)
 CU_SRCS  := $(wildcard cuda/*.cu)
 LIB_SRCS += $(filter-out lib/backend/cuda_none.c,$(wildcard lib/backend/cuda_*.c))
@@ -150,7 +177,7 @@ TESTS_STATIC := test_convert test_crc32c test_mckp test_profiler test_contract t
 TESTS_STATIC_TIER := test_share
 # Fault-injection tests link a static library whose tier sources are built
 # with KVT_FAULT_INJECTION; the installed library never has the hooks.
-TESTS_FAULT  := test_mover_faults test_place_faults test_prefix test_prefix_load
+TESTS_FAULT  := test_mover_faults test_place_faults test_prefix test_prefix_load test_remote
 # Tests of the example decoder's own parts (GGUF reader, tokenizers): no
 # libkvtier; test_decode_model runs the decoder's engine on a GGUF it writes.
 TESTS_DECODE := test_gguf test_tokenizer test_decode_model
@@ -194,7 +221,7 @@ $(LIB_SO): $(LIB_OBJS) lib/libkvtier.map $(wildcard $(O)/build.mk)
 	ln -sf $(SOFILE) $(O)/lib/$(SONAME)
 	ln -sf $(SONAME) $(O)/lib/$(LIBNAME).so
 
-TIER_SRCS  := $(wildcard lib/tier/*.c)
+TIER_SRCS  := $(filter lib/tier/%,$(LIB_SRCS))
 FAULT_OBJS := $(filter-out $(TIER_SRCS:%.c=$(O)/obj/%.o),$(LIB_OBJS)) \
               $(TIER_SRCS:%.c=$(O)/obj-fault/%.o)
 $(O)/obj-fault/%.o: %.c $(wildcard include/kvtier/*.h lib/*/*.h) | $(O)/config.mk
@@ -215,7 +242,7 @@ $(LIB_A): $(LIB_OBJS)
 define kvt_pc
 	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@LIBDIR@|$(LIBDIR)|g' \
 	    -e 's|@INCLUDEDIR@|$(INCLUDEDIR)|g' -e 's|@VERSION@|$(VERSION)|g' \
-	    -e 's|@LIBS_PRIVATE@|$(strip $(CUDA_LIBS) -lm -lpthread)|g' pkgconfig/kvtier.pc.in > $(1)
+	    -e 's|@LIBS_PRIVATE@|$(strip $(CUDA_LIBS) $(if $(filter 1,$(REDIS_HAVE)),$(REDIS_LIBS)) -lm -lpthread)|g' pkgconfig/kvtier.pc.in > $(1)
 endef
 $(O)/lib/kvtier.pc: pkgconfig/kvtier.pc.in Makefile
 	@mkdir -p $(dir $@)
@@ -271,7 +298,7 @@ $(O)/bin/kvtier-profile: examples/profile/profile.c $(LIB_SO)
 
 # ---- tests ------------------------------------------------------------------
 TEST_CFLAGS = -std=c11 -D_GNU_SOURCE -Iinclude -Ilib/core $(WARN) -Wno-conversion -pthread \
-              -DKVT_TEST_EXPECT_CUDA=$(CUDA) \
+              -DKVT_TEST_EXPECT_CUDA=$(CUDA) -DKVT_TEST_EXPECT_REDIS=$(or $(REDIS_HAVE),0) \
               $(SANFLAGS) $(CMOCKA_CFLAGS) $(CFLAGS)
 
 # Test helpers (tests/tiertest.c, tests/placetest.c): compiled into each test
@@ -284,6 +311,10 @@ $(O)/tests/test_place $(O)/tests/test_place_faults $(O)/tests/test_multi: $(PLAC
 # The prefix cache tests: tests/prefixtest.c too.
 PREFIXTEST_SRCS := tests/prefixtest.c $(PLACETEST_SRCS)
 $(O)/tests/test_prefix $(O)/tests/test_prefix_load: $(PREFIXTEST_SRCS) tests/prefixtest.h
+# The remote tier's test: its Redis servers (tests/redistest.c) where hiredis is.
+$(O)/tests/test_remote: $(PREFIXTEST_SRCS) tests/prefixtest.h \
+                        $(if $(filter 1,$(REDIS_HAVE)),tests/redistest.c tests/redistest.h)
+$(O)/tests/test_remote: TEST_EXTRA = $(patsubst -I%,-isystem %,$(REDIS_CFLAGS)) -DCTOK=16384
 
 $(addprefix $(O)/tests/,$(TESTS_SHARED)): $(O)/tests/%: tests/%.c tests/testutil.h tests/tiertest.h \
                                            tests/placetest.h $(LIB_SO)
@@ -303,7 +334,7 @@ $(addprefix $(O)/tests/,$(TESTS_STATIC_TIER)): $(O)/tests/%: tests/%.c tests/tes
 $(addprefix $(O)/tests/,$(TESTS_FAULT)): $(O)/tests/%: tests/%.c tests/testutil.h tests/tiertest.h \
                                           tests/placetest.h $(O)/lib/libkvtier-fault.a
 	@mkdir -p $(dir $@)
-	$(CC) $(TEST_CFLAGS) -DKVT_FAULT_INJECTION $(filter %.c,$^) -o $@ $(O)/lib/libkvtier-fault.a \
+	$(CC) $(TEST_CFLAGS) $(TEST_EXTRA) -DKVT_FAULT_INJECTION $(filter %.c,$^) -o $@ $(O)/lib/libkvtier-fault.a \
 	  $(CMOCKA_LIBS) $(LIB_LDLIBS) $(LDFLAGS)
 
 $(O)/tests/test_gguf: tests/test_gguf.c tests/gguf_writer.h examples/decode/gguf.c \
@@ -348,7 +379,7 @@ check-asan:
 # mover (the CUDA emulation's fibers are not TSan-clean by design, so the
 # build is CUDA=0).
 TSAN_TESTS := test_decode test_step test_random test_contract test_mover test_place test_share test_multi \
-              test_prefix test_prefix_load
+              test_prefix test_prefix_load test_remote
 check-tsan:
 	$(MAKE) O=$(O)/tsan SAN=thread CUDA=0 tsan-run
 tsan-run: $(addprefix $(O)/tests/,$(TSAN_TESTS))

@@ -66,6 +66,7 @@ int main(void)
     F(kvt_pool_opts, selector);
     F(kvt_pool_opts, target_tokens);
     F(kvt_pool_opts, prefix_cache_bytes);
+    F(kvt_pool_opts, remote);
     end();
 
     S(kvt_pool_sizing, KVT_POOL_SIZING);
@@ -116,6 +117,18 @@ int main(void)
     F(kvt_stats, prefix_cached_pages);
     F(kvt_stats, prefix_reclaimed_pages);
     F(kvt_stats, prefix_dropped_pages);
+    F(kvt_stats, remote_fetches);
+    F(kvt_stats, remote_fetch_ns);
+    F(kvt_stats, remote_hit_values);
+    F(kvt_stats, remote_miss_values);
+    F(kvt_stats, remote_get_bytes);
+    F(kvt_stats, remote_put_values);
+    F(kvt_stats, remote_put_bytes);
+    F(kvt_stats, remote_put_dropped);
+    F(kvt_stats, remote_errors);
+    F(kvt_stats, remote_corrupt);
+    F(kvt_stats, remote_redirects);
+    F(kvt_stats, remote_queue_bytes);
     end();
 
     S(kvt_seq_opts, KVT_SEQ_OPTS);
@@ -139,6 +152,8 @@ int main(void)
     F(kvt_seq_info, prefix_tokens);
     F(kvt_seq_info, token_ids);
     F(kvt_seq_info, salt);
+    F(kvt_seq_info, remote_tokens);
+    F(kvt_seq_info, remote_loading);
     end();
 
     S(kvt_selector_opts, KVT_SELECTOR_OPTS);
@@ -266,11 +281,30 @@ int main(void)
     F(kvt_mover_stats, evictions);
     end();
 
+    S(kvt_remote_opts, KVT_REMOTE_OPTS);
+    F(kvt_remote_opts, struct_size);
+    F(kvt_remote_opts, flags);
+    F(kvt_remote_opts, endpoints);
+    F(kvt_remote_opts, user);
+    F(kvt_remote_opts, password);
+    F(kvt_remote_opts, fingerprint);
+    F(kvt_remote_opts, key_prefix);
+    F(kvt_remote_opts, connect_timeout_ms);
+    F(kvt_remote_opts, io_timeout_ms);
+    F(kvt_remote_opts, retry_ms);
+    F(kvt_remote_opts, n_connections);
+    F(kvt_remote_opts, pipeline);
+    F(kvt_remote_opts, ttl_s);
+    F(kvt_remote_opts, queue_bytes);
+    F(kvt_remote_opts, log);
+    F(kvt_remote_opts, log_ctx);
+    end();
+
     printf("pub const ALL: &[&CStruct] = &[\n"
            "    &KVT_GEOMETRY, &KVT_POOL_OPTS, &KVT_POOL_SIZING, &KVT_TIER_STATS, &KVT_STATS,\n"
            "    &KVT_SEQ_OPTS, &KVT_SEQ_INFO, &KVT_SELECTOR_OPTS, &KVT_POLICY_OPTS,\n"
            "    &KVT_POLICY_HEADS, &KVT_POLICY_HEAD_INFO, &KVT_PROFILER_OPTS,\n"
            "    &KVT_PROFILER_HEAD_STATS, &KVT_STEP_OPTS, &KVT_MOVER_OPTS, &KVT_MOVE,\n"
-           "    &KVT_MOVER_STATS,\n];\n");
+           "    &KVT_MOVER_STATS, &KVT_REMOTE_OPTS,\n];\n");
     return ferror(stdout) ? 1 : 0;
 }

@@ -14,5 +14,6 @@
 #include "kvtier/step.h"
 #include "kvtier/mover.h"
 #include "kvtier/prefix.h"
+#include "kvtier/remote.h"
 
 #endif /* KVTIER_KVTIER_H */

@@ -86,11 +86,16 @@ typedef struct kvt_pool_opts {
                                     sequence holds may keep; 0 = no cap but
                                     the tier's size (less than a block:
                                     none kept there) */
+    /* Appended after the second layout (a struct_size of 160 reads it as
+     * NULL). */
+    const struct kvt_remote_opts *remote; /* with KVT_POOL_PREFIX_CACHE: the
+                                    remote tier (kvtier/remote.h), copied
+                                    at creation; NULL = none */
 } kvt_pool_opts;
 
 /* Positional form for C; C++ code should call kvt_pool_opts_init(). */
 #define KVT_POOL_OPTS_INIT { (uint32_t)sizeof(kvt_pool_opts), 0, {0, 0, 0, 0, 0, 0, {0, 0}}, \
-                             0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, {0, 0, 0} }
+                             0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, {0, 0, 0}, NULL }
 
 /* Fills *opts with the defaults, written out (page_tokens 16, f16, the
  * sequence limits); n_layers, n_kv_heads, head_dim and device_bytes stay 0
@@ -195,6 +200,23 @@ typedef struct kvt_stats {
     uint64_t prefix_reclaimed_pages; /* cached physical pages freed to make
                                     room or to keep a tier under its cap */
     uint64_t prefix_dropped_pages; /* ... freed by kvt_prefix_drop(_all) */
+    /* The remote tier (kvtier/remote.h), appended after the second layout
+     * (a struct_size of 408 leaves them out); zero without one. A value is
+     * one page position: its page in every (layer, KV head). */
+    uint64_t remote_fetches;    /* kvt_seq_create calls that asked it */
+    uint64_t remote_fetch_ns;   /* their time from the ask to the last answer */
+    uint64_t remote_hit_values; /* values landed in sequences */
+    uint64_t remote_miss_values; /* values asked for and not landed (absent,
+                                   past a miss, a fault, failed checks) */
+    uint64_t remote_get_bytes;  /* bytes of values received */
+    uint64_t remote_put_values; /* values written */
+    uint64_t remote_put_bytes;
+    uint64_t remote_put_dropped; /* values not written: queue full, a fault */
+    uint64_t remote_errors;     /* faults: refused or lost connections,
+                                   timeouts, AUTH, error replies */
+    uint64_t remote_corrupt;    /* values that failed their checks */
+    uint64_t remote_redirects;  /* MOVED and ASK replies followed */
+    uint64_t remote_queue_bytes; /* values waiting to be written (now) */
 } kvt_stats;
 
 /* Fills the first stats->struct_size bytes of *stats. */
@@ -276,6 +298,11 @@ typedef struct kvt_seq_info {
                                    creation */
     uint32_t token_ids;         /* positions whose token ids are known */
     uint64_t salt;              /* the salt the sequence was created with */
+    /* Appended after the second layout (struct_size 72). */
+    uint32_t remote_tokens;     /* of prefix_tokens, landed from the remote
+                                   tier (kvtier/remote.h) */
+    uint32_t remote_loading;    /* 1 while remote pages are awaited
+                                   (kvt_seq_prefix_wait) */
 } kvt_seq_info;
 KVT_API int kvt_seq_info_get(const kvt_pool *pool, kvt_seq_id seq, kvt_seq_info *info);
 

@@ -11,12 +11,28 @@
 /* Lets go of s's reference to its page (lh, page): the page's blocks, disk
  * slot and metadata slot are freed when s was its last holder (share.c). */
 KVT__HIDDEN void kvt__page_letgo(kvt_pool *p, kvt__seq *s, size_t lh, uint32_t page);
-/* Copies the block of page (lh, page) of s, from the fastest tier that holds
- * it, into buf (block_bytes; host memory). A disk copy is checked against
- * its CRC (KVT_ECORRUPT, KVT_EIO). */
-KVT__HIDDEN int kvt__page_read(const kvt_pool *p, const kvt__seq *s, size_t lh, uint32_t page,
-                               uint8_t *buf);
 /* KVT_ESTATE naming `what` when an open step includes s. */
 KVT__HIDDEN int kvt__seq_edit_ok(const kvt_pool *p, const kvt__seq *s, const char *what);
+
+/* kvt_seq_append of n tokens of host rows in the pool's dtype, dense: on a
+ * backend whose memory the host cannot address, through scratch memory of
+ * the backend's, kept in *st for the next call (kvt_seq_restore, the remote
+ * tier's landing); kvt__rows_stage_fini frees it. */
+typedef struct {
+    void *k, *v;
+    size_t cap;
+} kvt__rows_stage;
+KVT__HIDDEN int kvt__append_host_rows(kvt_pool *pool, kvt_seq_id id, uint32_t layer,
+                                      const void *k, const void *v, uint32_t n,
+                                      kvt__rows_stage *st);
+KVT__HIDDEN void kvt__rows_stage_fini(kvt_pool *pool, kvt__rows_stage *st);
+
+/* The remote tier (remote.c): opened and closed with the pool; a created
+ * sequence asks it for the pages of its prefix past the local match; a
+ * released one stops waiting. */
+KVT__HIDDEN int kvt__remote_open(kvt_pool *p, const kvt_pool_opts *o);
+KVT__HIDDEN void kvt__remote_close(kvt_pool *p);
+KVT__HIDDEN void kvt__remote_fetch(kvt_pool *p, kvt__seq *s);
+KVT__HIDDEN void kvt__remote_cancel(kvt_pool *p, kvt__seq *s);
 
 #endif /* KVTIER_API_INT_H */

@@ -4,7 +4,7 @@
  * placement react to the new pages. */
 #include <stdlib.h>
 
-#include "../core/store.h"
+#include "api_int.h"
 #include "../backend/backend.h"
 #include "../tier/tier.h"
 
@@ -15,7 +15,7 @@ KVT_API int kvt_seq_append(kvt_pool *pool, kvt_seq_id seq, uint32_t layer, const
     kvt__seq *s;
     KVT__CHECK_NULL(pool);
     int rc = kvt__seq_lookup(pool, seq, &s);
-    if (rc)
+    if (rc || (rc = kvt__seq_loading_err(s, "kvt_seq_append")))
         return rc;
     KVT__CHECK_NULL(k);
     KVT__CHECK_NULL(v);
@@ -79,3 +79,32 @@ KVT_API int kvt_seq_append(kvt_pool *pool, kvt_seq_id seq, uint32_t layer, const
     return 0;
 }
 
+
+int kvt__append_host_rows(kvt_pool *pool, kvt_seq_id id, uint32_t layer, const void *k,
+                          const void *v, uint32_t n, kvt__rows_stage *st)
+{
+    if (!(pool->be_caps & KVT__BE_DEVICE_REMOTE) || !pool->be->scratch)
+        return kvt_seq_append(pool, id, layer, k, v, n, pool->g.dtype, 0);
+    const size_t nb = (size_t)n * pool->g.n_kv_heads * pool->g.head_dim * pool->elem;
+    int rc;
+    if (nb > st->cap) { /* the rows go to the backend's memory first */
+        kvt__rows_stage_fini(pool, st);
+        if ((rc = pool->be->scratch(pool, nb, &st->k)) ||
+            (rc = pool->be->scratch(pool, nb, &st->v)))
+            return rc;
+        st->cap = nb;
+    }
+    if ((rc = pool->be->write(pool, st->k, k, nb)) || (rc = pool->be->write(pool, st->v, v, nb)))
+        return rc;
+    return kvt_seq_append(pool, id, layer, st->k, st->v, n, pool->g.dtype, 0);
+}
+
+void kvt__rows_stage_fini(kvt_pool *pool, kvt__rows_stage *st)
+{
+    if (st->k)
+        pool->be->scratch_free(pool, st->k);
+    if (st->v)
+        pool->be->scratch_free(pool, st->v);
+    st->k = st->v = NULL;
+    st->cap = 0;
+}

@@ -9,6 +9,7 @@
 
 #include "api_int.h"
 #include "../backend/backend.h"
+#include "../tier/tier.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "kvtier-seq(5) streams are little-endian; this host is not"
@@ -222,12 +223,8 @@ static int kvt__restore_pages(kvt_pool *pool, kvt_seq_id id, kvt__seq *s, kvt__r
     uint64_t n_rec = 0;
     if (!k || !v || !meta || !rec || !got)
         rc = kvt__err(KVT_ENOMEM, "kvt_seq_restore: cannot allocate page buffers");
-    /* A remote backend appends from its own memory: the rows go there first. */
     const bool remote = (pool->be_caps & KVT__BE_DEVICE_REMOTE) != 0;
-    void *dk = NULL, *dv = NULL;
-    if (!rc && remote && pool->be->scratch &&
-        !(rc = pool->be->scratch(pool, kvb, &dk)))
-        rc = pool->be->scratch(pool, kvb, &dv);
+    kvt__rows_stage stage = {0};
     for (uint32_t l = 0; l < L && !rc; l++) {
         const uint32_t n = n_tokens[l], np = kvt__pages_for(pool, n);
         for (uint32_t pg = 0; pg < np && !rc; pg++) {
@@ -252,14 +249,7 @@ static int kvt__restore_pages(kvt_pool *pool, kvt_seq_id id, kvt__seq *s, kvt__r
             }
             if (rc)
                 break;
-            if (dk) {
-                const size_t nb = (size_t)count * H * row;
-                if ((rc = pool->be->write(pool, dk, k, nb)) ||
-                    (rc = pool->be->write(pool, dv, v, nb)))
-                    break;
-            }
-            if ((rc = kvt_seq_append(pool, id, l, dk ? dk : k, dv ? dv : v, count,
-                                     pool->g.dtype, 0)))
+            if ((rc = kvt__append_host_rows(pool, id, l, k, v, count, &stage)))
                 break;
             for (uint32_t h = 0; h < H && !rc; h++) {
                 const size_t e = kvt__lh(pool, l, h) * s->cap_pages + pg;
@@ -283,10 +273,7 @@ static int kvt__restore_pages(kvt_pool *pool, kvt_seq_id id, kvt__seq *s, kvt__r
                           "where %llu were read", (unsigned long long)want,
                           (unsigned long long)n_rec);
     }
-    if (dk)
-        pool->be->scratch_free(pool, dk);
-    if (dv)
-        pool->be->scratch_free(pool, dv);
+    kvt__rows_stage_fini(pool, &stage);
     free(k);
     free(v);
     free(meta);

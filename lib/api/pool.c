@@ -12,6 +12,7 @@
 #include "../step/step.h"
 #include "../policy/policy_int.h"
 #include "../tier/tier.h"
+#include "api_int.h"
 
 /* Sizes of the first released layouts (0.1): smaller struct_size values are
  * rejected. Pinned, never sizeof of the current struct, so that appending a
@@ -21,6 +22,8 @@
 _Static_assert(offsetof(kvt_pool_opts, target_tokens) + 8 == KVT__POOL_OPTS_V1 &&
                offsetof(kvt_pool_opts, prefix_cache_bytes) == KVT__POOL_OPTS_V1,
                "pool opts v1, then the prefix cache's caps");
+_Static_assert(offsetof(kvt_pool_opts, remote) == 160 && offsetof(kvt_stats, remote_fetches) == 408,
+               "the second layouts end where the remote tier's fields begin");
 _Static_assert(offsetof(kvt_stats, paused_seqs) + 8 == KVT__POOL_STATS_V1 &&
                offsetof(kvt_stats, prefix_lookups) == KVT__POOL_STATS_V1,
                "stats v1, then the prefix cache's");
@@ -251,6 +254,8 @@ KVT_API int kvt_pool_create(const kvt_pool_opts *opts, kvt_pool **out)
         goto fail;
     if ((o.flags & KVT_POOL_PREFIX_CACHE) && (rc = kvt__pfx_create(p, o.prefix_cache_bytes)))
         goto fail;
+    if ((rc = kvt__remote_open(p, &o)))
+        goto fail;
 
     p->be = cuda ? &kvt__backend_cuda : &kvt__backend_cpu;
     p->be_caps = p->be->caps;
@@ -285,6 +290,7 @@ KVT_API void kvt_pool_destroy(kvt_pool *p)
 {
     if (!p)
         return;
+    kvt__remote_close(p); /* what is queued is written first */
     kvt__mover_destroy(p->mover); /* waits for every move in flight first */
     p->mover = NULL;
     kvt__tp_fini(&p->tp);
@@ -383,6 +389,22 @@ KVT_API int kvt_pool_stats_get(const kvt_pool *pool, kvt_stats *stats)
         memcpy(s.prefix_cached_pages, x->cached, sizeof s.prefix_cached_pages);
         s.prefix_reclaimed_pages = x->reclaimed;
         s.prefix_dropped_pages = x->dropped;
+    }
+    if (pool->remote) {
+        kvt__rstats r;
+        kvt__rclient_stats(pool->remote, &r);
+        s.remote_fetches = r.fetches;
+        s.remote_fetch_ns = r.fetch_ns;
+        s.remote_hit_values = r.hit_values;
+        s.remote_miss_values = r.miss_values;
+        s.remote_get_bytes = r.get_bytes;
+        s.remote_put_values = r.put_values;
+        s.remote_put_bytes = r.put_bytes;
+        s.remote_put_dropped = r.put_dropped;
+        s.remote_errors = r.errors;
+        s.remote_corrupt = r.corrupt;
+        s.remote_redirects = r.redirects;
+        s.remote_queue_bytes = r.queue_bytes;
     }
     memcpy(stats, &s, fill);
     return 0;

@@ -116,6 +116,7 @@ KVT_API int kvt_seq_create(kvt_pool *pool, const kvt_seq_opts *opts, kvt_seq_id 
             return kvt__err(rc, "%s", why);
         }
     }
+    kvt__remote_fetch(pool, s); /* the pages past the local match (pools with a remote tier) */
     *out = id;
     return 0;
 }
@@ -169,6 +170,7 @@ KVT_API int kvt_seq_release(kvt_pool *pool, kvt_seq_id seq)
     /* Moves of its pages may be in flight: let them finish first, so no
      * thread writes into blocks that are about to be reused. */
     kvt__place_settle(pool, s);
+    kvt__remote_cancel(pool, s); /* remote pages it still awaits: not any more */
     kvt__seq_free_pages(pool, s);
     kvt__phase_leave(pool, s->sel.phase);
     kvt__seq_fini(s);
@@ -220,6 +222,8 @@ KVT_API int kvt_seq_info_get(const kvt_pool *pool, kvt_seq_id seq, kvt_seq_info 
     r.prefix_tokens = s->pfx.matched;
     r.token_ids = s->pfx.n_ids;
     r.salt = s->pfx.salt;
+    r.remote_tokens = s->pfx.rtokens;
+    r.remote_loading = s->tier.rfetch != NULL;
     memcpy(info, &r, fill);
     return 0;
 }

@@ -15,6 +15,9 @@
 
 int kvt__seq_edit_ok(const kvt_pool *p, const kvt__seq *s, const char *what)
 {
+    int rc = kvt__seq_loading_err(s, what);
+    if (rc)
+        return rc;
     if (kvt__step_has_seq(p->step, s))
         return kvt__err(KVT_ESTATE, "%s: the open step includes the sequence; call it before "
                         "kvt_step_plan or after kvt_step_finish", what);
@@ -62,26 +65,6 @@ void kvt__page_letgo(kvt_pool *p, kvt__seq *s, size_t lh, uint32_t page)
     s->host_block[e] = 0;
     s->meta_slot[e] = 0;
     s->res[e] = 0;
-}
-
-int kvt__page_read(const kvt_pool *p, const kvt__seq *s, size_t lh, uint32_t page, uint8_t *buf)
-{
-    const size_t e = lh * s->cap_pages + page;
-    const uint8_t r = s->res[e];
-    if (r & KVT_RES_DEVICE) {
-        const uint8_t *src = kvt__arena_block(&p->tier[KVT_TIER_DEVICE], s->dev_block[e]);
-        if (p->be_caps & KVT__BE_DEVICE_REMOTE) /* GPU memory */
-            return p->be->read(p, buf, src, p->block_bytes);
-        memcpy(buf, src, p->block_bytes);
-        return 0;
-    }
-    if (r & KVT_RES_HOST) {
-        memcpy(buf, kvt__arena_block(&p->tier[KVT_TIER_HOST], s->host_block[e]), p->block_bytes);
-        return 0;
-    }
-    if ((r & KVT_RES_DISK) && p->disk)
-        return kvt__disk_read_page(p, kvt__disk_slot(p, s, lh, page), buf);
-    return kvt__err(KVT_EINTERNAL, "page %u of layer-head %zu is in no tier", page, lh);
 }
 
 /* A fresh private copy of page (lh, page) in the device tier: a new device

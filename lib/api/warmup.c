@@ -11,7 +11,7 @@ KVT_API int kvt_seq_warmup(kvt_pool *pool, kvt_seq_id seq, const float *obs_quer
     KVT__CHECK_NULL(pool);
     kvt__seq *s;
     int rc = kvt__seq_lookup(pool, seq, &s);
-    if (rc)
+    if (rc || (rc = kvt__seq_loading_err(s, "kvt_seq_warmup")))
         return rc;
     KVT__CHECK_NULL(obs_queries);
     if (n_obs == 0)

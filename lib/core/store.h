@@ -68,6 +68,7 @@ typedef struct kvt__seq {
         uint32_t *off_next; /* [L * H] first page not yet offloaded (stable heads) */
         uint32_t *dlo, *dhi; /* [L * H] dirty range of the device table ... */
         uint32_t *dstamp;  /* [L * H] ... valid when equal to the pool's step_id */
+        struct kvt__rfetch *rfetch; /* remote pages awaited (the sequence is loading) */
     } tier;
     /* Prefix cache state (lib/tier/prefix.c): the sequence's salt, the token
      * ids of positions 0 .. n_ids - 1, and per page the chain key and the
@@ -81,7 +82,9 @@ typedef struct kvt__seq {
         uint64_t *key, *ent;       /* [cap_ids / page_tokens] */
         uint32_t n_reg, epoch;
         uint32_t n_key;            /* pages whose key is computed (valid until a cut) */
-        uint32_t matched;          /* tokens attached at creation */
+        uint32_t matched;          /* tokens attached at creation (local and remote) */
+        uint32_t rhave;            /* pages below it came from the remote tier: not written back */
+        uint32_t rtokens;          /* tokens landed from the remote tier */
         bool dropped;              /* its salt was dropped: its pages are never keyed again */
     } pfx;
     /* Backend state (lib/backend; the CUDA backend): where the GPU copy of
@@ -169,6 +172,7 @@ struct kvt_pool {
     uint32_t *pg_mark;      /* [metadata slots] round that last claimed the page */
     uint32_t *pg_hold;      /* [metadata slots] slot + 1 of one holder; 0 = none */
     struct kvt__pfx *pfx;   /* the prefix cache (lib/tier/prefix.c), NULL = off */
+    struct kvt__rclient *remote; /* the remote tier (lib/tier/rclient.c), NULL = none */
     uint32_t mark_round;    /* kvt__page_claim_round */
     uint32_t clock;         /* advances with every step plan and mover batch */
 #define KVT__PHASES 16u
@@ -214,6 +218,15 @@ static inline void kvt__dirty(const kvt_pool *p, kvt__seq *s, size_t lh, uint32_
 
 /* A memory tier exists when its arena is mapped; the disk tier when its
  * file is open. */
+/* KVT_EAGAIN naming `what` while s awaits its remote pages (kvtier/remote.h:
+ * kvt_seq_prefix_wait lands them; until then its length is not known). */
+static inline int kvt__seq_loading_err(const kvt__seq *s, const char *what)
+{
+    return s->tier.rfetch ? kvt__err(KVT_EAGAIN, "%s: the sequence is loading its prefix from "
+                                     "the remote tier; call kvt_seq_prefix_wait first", what)
+                          : 0;
+}
+
 static inline bool kvt__has_tier(const kvt_pool *p, uint32_t t)
 {
     return t == KVT_TIER_DISK ? p->disk != NULL : p->tier[t].base != NULL;

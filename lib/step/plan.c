@@ -256,6 +256,12 @@ KVT_API int kvt_step_plan(kvt_pool *pool, const kvt_seq_id *seqs, uint32_t n_seq
                      (unsigned long long)seqs[i]);
             goto out_free;
         }
+        if (ss[i]->tier.rfetch) {
+            char what[64];
+            snprintf(what, sizeof what, "seqs[%u]", i);
+            rc = kvt__seq_loading_err(ss[i], what);
+            goto out_free;
+        }
         sorted[i] = seqs[i];
     }
     qsort(sorted, n_seqs, sizeof *sorted, cmp_u64);

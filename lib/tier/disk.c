@@ -516,3 +516,23 @@ int kvt__disk_check(const kvt_pool *p)
     free(st);
     return rc;
 }
+
+int kvt__page_read(const kvt_pool *p, const kvt__seq *s, size_t lh, uint32_t page, uint8_t *buf)
+{
+    const size_t e = lh * s->cap_pages + page;
+    const uint8_t r = s->res[e];
+    if (r & KVT_RES_DEVICE) {
+        const uint8_t *src = kvt__arena_block(&p->tier[KVT_TIER_DEVICE], s->dev_block[e]);
+        if (p->be_caps & KVT__BE_DEVICE_REMOTE) /* GPU memory */
+            return p->be->read(p, buf, src, p->block_bytes);
+        memcpy(buf, src, p->block_bytes);
+        return 0;
+    }
+    if (r & KVT_RES_HOST) {
+        memcpy(buf, kvt__arena_block(&p->tier[KVT_TIER_HOST], s->host_block[e]), p->block_bytes);
+        return 0;
+    }
+    if ((r & KVT_RES_DISK) && p->disk)
+        return kvt__disk_read_page(p, kvt__disk_slot(p, s, lh, page), buf);
+    return kvt__err(KVT_EINTERNAL, "page %u of layer-head %zu is in no tier", page, lh);
+}

@@ -159,6 +159,34 @@ int kvt__pfx_ids_set(kvt_pool *p, kvt__seq *s, uint32_t first, const uint32_t *i
     return 0;
 }
 
+/* Write-behind: page pg of s, in every (layer, head), as one value into the
+ * remote tier's queue (a copy: the threads never read the pool). A page
+ * that cannot be read is not written (the tier is a cache). */
+static void kvt__pfx_remote_put(const kvt_pool *p, const kvt__seq *s, uint32_t pg,
+                                const kvt__pent *e, kvt__rkey parent, const uint32_t *ids)
+{
+    const kvt__rgeom *g = kvt__rclient_geom(p->remote);
+    const size_t n = kvt__rvalue_bytes(g);
+    uint8_t *v = malloc(n);
+    if (v) {
+        kvt__rvalue_header(g, v, pg, e->salt, e->rk, parent, ids);
+        for (size_t lh = 0; lh < (size_t)g->L * g->H; lh++)
+            if (kvt__page_read(p, s, lh, pg, kvt__rvalue_block(g, v, lh))) {
+                kvt__rclient_log(p->remote, "kvtier remote: page %u not written: %s", pg,
+                                 kvt_last_error());
+                kvt_clear_error();
+                free(v);
+                v = NULL;
+                break;
+            }
+    }
+    char key[KVT__RKEY_MAX];
+    kvt__rkey_name(g, e->rk, key);
+    if (v)
+        kvt__rvalue_seal(g, v);
+    kvt__rclient_put(p->remote, key, v, v ? n : 0); /* (NULL: counted as dropped) */
+}
+
 void kvt__pfx_register(kvt_pool *p, kvt__seq *s)
 {
     kvt__pfx *x = p->pfx;
@@ -226,6 +254,13 @@ void kvt__pfx_register(kvt_pool *p, kvt__seq *s)
         x->bucket[e->key & x->mask] = i + 1u;
         x->keyed += x->LH;
         f->ent[pg] = kvt__pfx_ref(x, i);
+        if (p->remote) { /* a position new to this pool: the remote tier gets it */
+            const kvt__rgeom *g = kvt__rclient_geom(p->remote);
+            const kvt__rkey up = pg ? x->e[(uint32_t)parent - 1u].rk : kvt__rkey_seed(g);
+            e->rk = kvt__rkey_next(g, up, id, f->salt);
+            if (pg >= f->rhave && !(kvt__rclient_flags(p->remote) & KVT_REMOTE_NO_PUT))
+                kvt__pfx_remote_put(p, s, pg, e, up, id);
+        }
     }
     f->n_reg = pg;
 }

@@ -5,6 +5,7 @@
 #define KVTIER_PREFIX_INT_H
 
 #include "../core/store.h"
+#include "remote.h"
 
 /* One index entry: the content of one page position (key, salt, the P token
  * ids, the previous page's entry) and its physical page in every (layer, KV
@@ -19,6 +20,7 @@ typedef struct kvt__pent {
     uint32_t n_held;      /* its (layer, head) pages some sequence holds */
     uint32_t cnt[KVT_NUM_TIERS]; /* copies per tier of its pages no sequence holds */
     uint8_t live, in_lru;
+    kvt__rkey rk;         /* its remote key (pools with a remote tier) */
 } kvt__pent;
 
 typedef struct kvt__pfx {

@@ -5,6 +5,7 @@
 #include "../core/store.h"
 #include "../backend/backend.h"
 #include "prefix.h"
+#include "remote.h" /* the remote tier: rslot.c, rvalue.c, rclient.c */
 
 /* ---- disk tier (disk.c) ----------------------------------------------------
  * One file, cut into page slots (a block rounded up to the 4 KiB O_DIRECT
@@ -83,12 +84,11 @@ KVT__HIDDEN int kvt__disk_read_page(const kvt_pool *p, uint64_t slot, void *buf)
  * returns 0, KVT_EIO, KVT_ENOMEM or KVT_ECORRUPT; the block is tmp's
  * first block_bytes. */
 KVT__HIDDEN int kvt__disk_read_into(const kvt_pool *p, uint64_t slot, void *tmp);
-/* ---- the remote tier (rslot.c; issue 26, in progress) ----------------------
- * CRC16 as Redis Cluster computes it (XMODEM), and the cluster key slot of
- * a key (0 .. 16383; the hash tag's when the key has a non-empty one). */
-KVT__HIDDEN uint16_t kvt__redis_crc16(const void *buf, size_t len);
-KVT__HIDDEN uint32_t kvt__redis_slot(const void *key, size_t len);
-
+/* Copies the block of page (lh, page) of s, from the fastest tier that holds
+ * it, into buf (block_bytes; host memory). A disk copy is checked against
+ * its CRC (KVT_ECORRUPT, KVT_EIO). */
+KVT__HIDDEN int kvt__page_read(const kvt_pool *p, const kvt__seq *s, size_t lh, uint32_t page,
+                               uint8_t *buf);
 /* Invariant walk of the extents (called by kvt_pool_check). */
 KVT__HIDDEN int kvt__disk_check(const kvt_pool *p);
 /* Grows s->tier.disk_ext to cover cap_pages pages per (layer, head). */

@@ -13,7 +13,10 @@
 //! * slices are checked against the geometry before any pointer crosses the
 //!   boundary (a short buffer is an `EINVAL` error, never a wild read);
 //! * token ids (the prefix cache, kvtier/prefix.h) go in as slices that the
-//!   options borrow ([`SeqOpts::prefix`], [`StepOpts::token_ids`]).
+//!   options borrow ([`SeqOpts::prefix`], [`StepOpts::token_ids`]);
+//! * the remote tier (kvtier/remote.h): [`RemoteOpts`] owns its strings, which
+//!   `kvt_pool_create` copies, so the pool borrows nothing from them; its log
+//!   closure is shared with the pool ([`Arc`]) and lives as long as it.
 //!
 //! Buffers passed to the kernels are f32 (`KVT_DTYPE_F32` as the source type);
 //! the pool itself may store f16, bf16 or f32.
@@ -25,6 +28,7 @@ use std::fmt;
 use std::marker::PhantomData;
 use std::os::raw::{c_char, c_int, c_void};
 use std::ptr::{self, NonNull};
+use std::sync::Arc;
 
 pub use sys::kvt_geometry as Geometry;
 pub use sys::kvt_pool_sizing as PoolSizing;
@@ -356,11 +360,17 @@ impl Drop for Selector {
 // ---- pool ------------------------------------------------------------------
 
 /// Options of [`Pool::new`]: `kvt_pool_opts` plus the borrows that must
-/// outlive the pool (policy, selector) and the disk directory's string.
+/// outlive the pool (policy, selector), the disk directory's string and the
+/// remote tier's options.
+///
+/// The pointers into owned data (`disk_dir`, `remote`) are not kept in the
+/// raw struct: they are filled in for the length of each call that reads
+/// them, so a moved or cloned `PoolOpts` never holds a stale one.
 #[derive(Debug, Clone)]
 pub struct PoolOpts<'a> {
     raw: sys::kvt_pool_opts,
     disk_dir: Option<CString>,
+    remote: Option<RemoteOpts>,
     _borrows: PhantomData<&'a ()>,
 }
 
@@ -374,7 +384,7 @@ impl<'a> PoolOpts<'a> {
         // (null pointers and zeros are valid values of every field).
         let mut raw = unsafe { raw.assume_init() };
         raw.geom = geom;
-        PoolOpts { raw, disk_dir: None, _borrows: PhantomData }
+        PoolOpts { raw, disk_dir: None, remote: None, _borrows: PhantomData }
     }
     pub fn backend(mut self, backend: Backend) -> Self {
         self.raw.backend = backend;
@@ -391,7 +401,6 @@ impl<'a> PoolOpts<'a> {
     /// A disk tier of `bytes` in the existing directory `dir`.
     pub fn disk(mut self, dir: &str, bytes: u64) -> Result<Self> {
         let c = CString::new(dir).map_err(|_| Error::invalid("disk_dir: contains a NUL".into()))?;
-        self.raw.disk_dir = c.as_ptr();
         self.disk_dir = Some(c);
         self.raw.disk_bytes = bytes;
         Ok(self)
@@ -433,7 +442,18 @@ impl<'a> PoolOpts<'a> {
         self.raw.prefix_cache_bytes = cap_bytes;
         self
     }
-    /// The raw options, for fields without a setter.
+    /// The remote tier (kvtier/remote.h) behind the prefix cache, which it
+    /// requires ([`PoolOpts::prefix_cache`]). The options are copied here and
+    /// again by `kvt_pool_create`: the pool keeps nothing of them but their
+    /// log closure. A library built without hiredis fails [`Pool::new`] with
+    /// `KVT_ENOTSUP`.
+    pub fn remote(mut self, remote: &RemoteOpts) -> Self {
+        self.remote = Some(remote.clone());
+        self
+    }
+    /// The raw options, for fields without a setter. Its `disk_dir` and
+    /// `remote` are null: [`PoolOpts::disk`] and [`PoolOpts::remote`] are
+    /// pointed at for the length of each call only.
     pub fn raw(&self) -> &sys::kvt_pool_opts {
         &self.raw
     }
@@ -443,8 +463,195 @@ impl<'a> PoolOpts<'a> {
             struct_size: std::mem::size_of::<PoolSizing>() as u32,
             ..Default::default()
         };
-        check(unsafe { sys::kvt_pool_sizing_get(&self.raw, &mut out) })?;
+        check(self.with_raw(|o| unsafe { sys::kvt_pool_sizing_get(o, &mut out) }))?;
         Ok(out)
+    }
+    /// Calls `f` with the raw options whose `disk_dir` and `remote` point
+    /// into `self` (and the remote options' strings into theirs): valid for
+    /// the call, which is as long as the library reads them.
+    fn with_raw<R>(&self, f: impl FnOnce(&sys::kvt_pool_opts) -> R) -> R {
+        let mut raw = self.raw;
+        raw.disk_dir = self.disk_dir.as_ref().map_or(ptr::null(), |c| c.as_ptr());
+        let remote = self.remote.as_ref().map(RemoteOpts::to_raw);
+        raw.remote = remote.as_ref().map_or(ptr::null(), |r| r as *const sys::kvt_remote_opts);
+        f(&raw)
+    }
+}
+
+// ---- remote tier -----------------------------------------------------------
+
+/// The remote tier's log: one line per fault or state change, called from
+/// the tier's threads (and the caller's), one call at a time per pool.
+type RemoteLog = Box<dyn Fn(&str) + Send + Sync + 'static>;
+
+/// The C side of [`RemoteOpts::log`]: `ctx` is the `RemoteLog` an `Arc` that
+/// the pool holds keeps alive. A panic is caught here: it must not unwind
+/// into the library's threads.
+unsafe extern "C" fn remote_log_trampoline(ctx: *mut c_void, msg: *const c_char) {
+    if ctx.is_null() || msg.is_null() {
+        return;
+    }
+    let f = &*(ctx as *const RemoteLog);
+    let line = CStr::from_ptr(msg).to_string_lossy();
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&line)));
+}
+
+/// Options of the remote tier ([`PoolOpts::remote`]): `kvt_remote_opts`
+/// with the library's defaults and owned strings. `kvt_pool_create` copies
+/// the options and every string they name, so they need only live through
+/// [`Pool::new`]; the log closure, which the library calls for the pool's
+/// whole life, is kept by the pool.
+#[derive(Clone)]
+pub struct RemoteOpts {
+    raw: sys::kvt_remote_opts, // strings and log filled in by to_raw
+    endpoints: CString,
+    fingerprint: CString,
+    user: Option<CString>,
+    password: Option<CString>,
+    key_prefix: Option<CString>,
+    log: Option<Arc<RemoteLog>>,
+}
+
+impl fmt::Debug for RemoteOpts {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let r = &self.raw;
+        f.debug_struct("RemoteOpts")
+            .field("endpoints", &self.endpoints)
+            .field("fingerprint", &self.fingerprint)
+            .field("user", &self.user)
+            .field("password", &self.password.as_ref().map(|_| "<set>"))
+            .field("key_prefix", &self.key_prefix)
+            .field("flags", &r.flags)
+            .field("connect_timeout_ms", &r.connect_timeout_ms)
+            .field("io_timeout_ms", &r.io_timeout_ms)
+            .field("retry_ms", &r.retry_ms)
+            .field("n_connections", &r.n_connections)
+            .field("pipeline", &r.pipeline)
+            .field("ttl_s", &r.ttl_s)
+            .field("queue_bytes", &r.queue_bytes)
+            .field("log", &self.log.is_some())
+            .finish()
+    }
+}
+
+fn owned_cstring(what: &str, s: &str) -> Result<CString> {
+    CString::new(s).map_err(|_| Error::invalid(format!("{what}: contains a NUL")))
+}
+
+impl RemoteOpts {
+    /// The defaults (`kvt_remote_opts_init`) with the two required fields:
+    /// `endpoints`, comma-separated `redis://host:port` or
+    /// `unix:/path/to/socket` (a cluster's seed nodes or the one server),
+    /// and `fingerprint`, the model's identity (a weights hash, a revision;
+    /// non-empty): pools of other fingerprints never share values.
+    pub fn new(endpoints: &str, fingerprint: &str) -> Result<RemoteOpts> {
+        let mut raw = sys::kvt_remote_opts::default();
+        let rc = unsafe { sys::kvt_remote_opts_init(&mut raw) };
+        debug_assert_eq!(rc, 0);
+        Ok(RemoteOpts {
+            raw,
+            endpoints: owned_cstring("remote->endpoints", endpoints)?,
+            fingerprint: owned_cstring("remote->fingerprint", fingerprint)?,
+            user: None,
+            password: None,
+            key_prefix: None,
+            log: None,
+        })
+    }
+    /// AUTH with a password, as `user` (an ACL user) or the default user.
+    pub fn auth(mut self, user: Option<&str>, password: &str) -> Result<Self> {
+        self.user = user.map(|u| owned_cstring("remote->user", u)).transpose()?;
+        self.password = Some(owned_cstring("remote->password", password)?);
+        Ok(self)
+    }
+    /// Keys are `PREFIX:NAMESPACE:CHAINHASH`; the default prefix is "kvt".
+    pub fn key_prefix(mut self, prefix: &str) -> Result<Self> {
+        self.key_prefix = Some(owned_cstring("remote->key_prefix", prefix)?);
+        Ok(self)
+    }
+    /// `sys::KVT_REMOTE_*` bits (replacing those set).
+    pub fn flags(mut self, flags: u32) -> Self {
+        self.raw.flags = flags;
+        self
+    }
+    /// `KVT_REMOTE_NO_PUT`: this pool writes nothing.
+    pub fn read_only(mut self) -> Self {
+        self.raw.flags |= sys::KVT_REMOTE_NO_PUT;
+        self
+    }
+    /// `KVT_REMOTE_NO_GET`: sequences created in this pool ask nothing.
+    pub fn write_only(mut self) -> Self {
+        self.raw.flags |= sys::KVT_REMOTE_NO_GET;
+        self
+    }
+    /// 0 = 1000 ms.
+    pub fn connect_timeout_ms(mut self, ms: u32) -> Self {
+        self.raw.connect_timeout_ms = ms;
+        self
+    }
+    /// A reply later than this is a fault; 0 = 1000 ms.
+    pub fn io_timeout_ms(mut self, ms: u32) -> Self {
+        self.raw.io_timeout_ms = ms;
+        self
+    }
+    /// The first back-off after a node's fault (doubling up to 64 x); 0 = 500 ms.
+    pub fn retry_ms(mut self, ms: u32) -> Self {
+        self.raw.retry_ms = ms;
+        self
+    }
+    /// Threads, each with one connection to each node; 1..64, 0 = 2.
+    pub fn n_connections(mut self, n: u32) -> Self {
+        self.raw.n_connections = n;
+        self
+    }
+    /// Commands in flight per connection; 1..4096, 0 = 32.
+    pub fn pipeline(mut self, n: u32) -> Self {
+        self.raw.pipeline = n;
+        self
+    }
+    /// Values expire after this; 0 = never (the server's eviction decides).
+    pub fn ttl_s(mut self, s: u32) -> Self {
+        self.raw.ttl_s = s;
+        self
+    }
+    /// The most bytes of values waiting to be written (more are dropped:
+    /// [`Stats`]`::remote_put_dropped`); 0 = 256 MiB.
+    pub fn queue_bytes(mut self, n: u64) -> Self {
+        self.raw.queue_bytes = n;
+        self
+    }
+    /// One line per remote fault or state change (no trailing newline),
+    /// called from the tier's threads and the caller's, one call at a time
+    /// per pool. Every pool created with these options shares the closure
+    /// and keeps it until it is dropped. A panic in it is caught (and the
+    /// line lost): it never unwinds into the library.
+    pub fn log<F: Fn(&str) + Send + Sync + 'static>(mut self, f: F) -> Self {
+        self.log = Some(Arc::new(Box::new(f)));
+        self
+    }
+    /// The raw options: the numbers and flags. The string pointers, `log`
+    /// and `log_ctx` are null: they are filled in, pointing into `self`, for
+    /// the length of [`Pool::new`] only.
+    pub fn raw(&self) -> &sys::kvt_remote_opts {
+        &self.raw
+    }
+    /// The raw options with pointers into `self`: valid while `self` is
+    /// borrowed, which the caller (PoolOpts::with_raw) makes the whole call.
+    fn to_raw(&self) -> sys::kvt_remote_opts {
+        fn p(c: &Option<CString>) -> *const c_char {
+            c.as_ref().map_or(ptr::null(), |c| c.as_ptr())
+        }
+        let mut r = self.raw;
+        r.endpoints = self.endpoints.as_ptr();
+        r.fingerprint = self.fingerprint.as_ptr();
+        r.user = p(&self.user);
+        r.password = p(&self.password);
+        r.key_prefix = p(&self.key_prefix);
+        if let Some(log) = &self.log {
+            r.log = Some(remote_log_trampoline);
+            r.log_ctx = Arc::as_ptr(log) as *mut c_void;
+        }
+        r
     }
 }
 
@@ -502,11 +709,23 @@ impl<'a> SeqOpts<'a> {
 
 /// A KV pool (`kvt_pool`), destroyed on drop. `'a` is the borrow of the
 /// policy and selector given in its options.
-#[derive(Debug)]
 pub struct Pool<'a> {
     raw: NonNull<sys::kvt_pool>,
     geom: Geometry,
+    // The remote tier's log closure: the library calls it until the pool is
+    // destroyed (Drop destroys it before the fields are dropped).
+    remote_log: Option<Arc<RemoteLog>>,
     _borrows: PhantomData<&'a ()>,
+}
+
+impl fmt::Debug for Pool<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Pool")
+            .field("raw", &self.raw)
+            .field("geom", &self.geom)
+            .field("remote_log", &self.remote_log.is_some())
+            .finish()
+    }
 }
 
 // A pool is used by one thread at a time: it may move between threads
@@ -516,9 +735,12 @@ unsafe impl Send for Pool<'_> {}
 impl<'a> Pool<'a> {
     pub fn new(opts: &PoolOpts<'a>) -> Result<Pool<'a>> {
         let mut raw = ptr::null_mut();
-        check(unsafe { sys::kvt_pool_create(&opts.raw, &mut raw) })?;
+        // The disk directory, the remote options and their strings are
+        // copied by kvt_pool_create: they need only live through the call.
+        check(opts.with_raw(|o| unsafe { sys::kvt_pool_create(o, &mut raw) }))?;
         let raw = NonNull::new(raw).expect("kvt_pool_create returned NULL");
-        let mut pool = Pool { raw, geom: Geometry::default(), _borrows: PhantomData };
+        let remote_log = opts.remote.as_ref().and_then(|r| r.log.clone());
+        let mut pool = Pool { raw, geom: Geometry::default(), remote_log, _borrows: PhantomData };
         pool.geom = pool.geometry()?;
         Ok(pool)
     }
@@ -584,6 +806,28 @@ impl<'a> Pool<'a> {
         let mut n = 0u64;
         check(unsafe { sys::kvt_prefix_drop_all(self.raw.as_ptr(), &mut n) })?;
         Ok(n)
+    }
+
+    /// Lands the remote pages of a sequence created with a prefix in a pool
+    /// with a remote tier, and returns its prefix_tokens: the tokens attached
+    /// from the local tiers and landed from the remote one (the engine
+    /// prefills the rest). Until then the sequence is loading
+    /// ([`SeqInfo`]`::remote_loading`) and a step, append, fork, truncate or
+    /// [`Pool::seq_tokens_set`] on it is `KVT_EAGAIN`. `timeout_ms`: how long
+    /// to wait for the answers; 0 = not at all (`KVT_EAGAIN` while they are
+    /// not all in), `u32::MAX` = until they are (the io timeout bounds it). A
+    /// sequence that is not loading returns at once.
+    pub fn seq_prefix_wait(&mut self, seq: SeqId, timeout_ms: u32) -> Result<u32> {
+        let mut n = 0u32;
+        check(unsafe { sys::kvt_seq_prefix_wait(self.raw.as_ptr(), seq.0, timeout_ms, &mut n) })?;
+        Ok(n)
+    }
+
+    /// Waits until every value queued for the remote tier has been written
+    /// or given up, at most `timeout_ms` (`KVT_ETIMEDOUT`); `KVT_ENOTSUP`
+    /// for a pool without a remote tier.
+    pub fn remote_flush(&mut self, timeout_ms: u32) -> Result<()> {
+        check(unsafe { sys::kvt_remote_flush(self.raw.as_ptr(), timeout_ms) })
     }
 
     pub fn seq_release(&mut self, seq: SeqId) -> Result<()> {

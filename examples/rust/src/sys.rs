@@ -7,7 +7,7 @@
 //! are `u32` aliases with `pub const` values.
 #![allow(non_camel_case_types)]
 
-use std::os::raw::{c_char, c_int};
+use std::os::raw::{c_char, c_int, c_void};
 
 // ---- opaque handles -------------------------------------------------------
 #[repr(C)]
@@ -137,6 +137,8 @@ pub struct kvt_pool_opts {
     pub target_tokens: u64,
     // Appended by the prefix cache (prefix.h).
     pub prefix_cache_bytes: [u64; KVT_NUM_TIERS],
+    // Appended by the remote tier (remote.h); copied by kvt_pool_create.
+    pub remote: *const kvt_remote_opts,
 }
 
 #[repr(C)]
@@ -200,6 +202,19 @@ pub struct kvt_stats {
     pub prefix_cached_pages: [u64; KVT_NUM_TIERS],
     pub prefix_reclaimed_pages: u64,
     pub prefix_dropped_pages: u64,
+    // Appended by the remote tier (remote.h).
+    pub remote_fetches: u64,
+    pub remote_fetch_ns: u64,
+    pub remote_hit_values: u64,
+    pub remote_miss_values: u64,
+    pub remote_get_bytes: u64,
+    pub remote_put_values: u64,
+    pub remote_put_bytes: u64,
+    pub remote_put_dropped: u64,
+    pub remote_errors: u64,
+    pub remote_corrupt: u64,
+    pub remote_redirects: u64,
+    pub remote_queue_bytes: u64,
 }
 
 #[repr(C)]
@@ -244,6 +259,62 @@ pub struct kvt_seq_info {
     pub prefix_tokens: u32,
     pub token_ids: u32,
     pub salt: u64,
+    // Appended by the remote tier (remote.h).
+    pub remote_tokens: u32,
+    pub remote_loading: u32,
+}
+
+// ---- remote.h ---------------------------------------------------------------
+pub const KVT_REMOTE_NO_PUT: u32 = 1 << 0;
+pub const KVT_REMOTE_NO_GET: u32 = 1 << 1;
+
+/// `kvt_remote_log_fn`: a nullable C function pointer (`None` = NULL).
+pub type kvt_remote_log_fn = Option<unsafe extern "C" fn(ctx: *mut c_void, msg: *const c_char)>;
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct kvt_remote_opts {
+    pub struct_size: u32,
+    pub flags: u32,
+    pub endpoints: *const c_char,
+    pub user: *const c_char,
+    pub password: *const c_char,
+    pub fingerprint: *const c_char,
+    pub key_prefix: *const c_char,
+    pub connect_timeout_ms: u32,
+    pub io_timeout_ms: u32,
+    pub retry_ms: u32,
+    pub n_connections: u32,
+    pub pipeline: u32,
+    pub ttl_s: u32,
+    pub queue_bytes: u64,
+    pub log: kvt_remote_log_fn,
+    pub log_ctx: *mut c_void,
+}
+
+/// All zeros, null strings and no log (struct_size 0: `kvt_remote_opts_init`
+/// sets it).
+impl Default for kvt_remote_opts {
+    fn default() -> Self {
+        kvt_remote_opts {
+            struct_size: 0,
+            flags: 0,
+            endpoints: std::ptr::null(),
+            user: std::ptr::null(),
+            password: std::ptr::null(),
+            fingerprint: std::ptr::null(),
+            key_prefix: std::ptr::null(),
+            connect_timeout_ms: 0,
+            io_timeout_ms: 0,
+            retry_ms: 0,
+            n_connections: 0,
+            pipeline: 0,
+            ttl_s: 0,
+            queue_bytes: 0,
+            log: None,
+            log_ctx: std::ptr::null_mut(),
+        }
+    }
 }
 
 // ---- selector.h -------------------------------------------------------------
@@ -731,4 +802,14 @@ extern "C" {
     ) -> c_int;
     pub fn kvt_prefix_drop(pool: *mut kvt_pool, salt: u64, n_pages: *mut u64) -> c_int;
     pub fn kvt_prefix_drop_all(pool: *mut kvt_pool, n_pages: *mut u64) -> c_int;
+
+    // remote.h
+    pub fn kvt_remote_opts_init(opts: *mut kvt_remote_opts) -> c_int;
+    pub fn kvt_seq_prefix_wait(
+        pool: *mut kvt_pool,
+        seq: kvt_seq_id,
+        timeout_ms: u32,
+        prefix_tokens: *mut u32,
+    ) -> c_int;
+    pub fn kvt_remote_flush(pool: *mut kvt_pool, timeout_ms: u32) -> c_int;
 }

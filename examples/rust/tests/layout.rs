@@ -72,6 +72,7 @@ fn rust_structs() -> Vec<RStruct> {
             selector,
             target_tokens,
             prefix_cache_bytes,
+            remote,
         }),
         rust_layout!(kvt_pool_sizing {
             struct_size,
@@ -119,6 +120,18 @@ fn rust_structs() -> Vec<RStruct> {
             prefix_cached_pages,
             prefix_reclaimed_pages,
             prefix_dropped_pages,
+            remote_fetches,
+            remote_fetch_ns,
+            remote_hit_values,
+            remote_miss_values,
+            remote_get_bytes,
+            remote_put_values,
+            remote_put_bytes,
+            remote_put_dropped,
+            remote_errors,
+            remote_corrupt,
+            remote_redirects,
+            remote_queue_bytes,
         }),
         rust_layout!(kvt_seq_opts {
             struct_size,
@@ -140,6 +153,8 @@ fn rust_structs() -> Vec<RStruct> {
             prefix_tokens,
             token_ids,
             salt,
+            remote_tokens,
+            remote_loading,
         }),
         rust_layout!(kvt_selector_opts {
             struct_size,
@@ -248,6 +263,24 @@ fn rust_structs() -> Vec<RStruct> {
             checksum_errors,
             evictions,
         }),
+        rust_layout!(kvt_remote_opts {
+            struct_size,
+            flags,
+            endpoints,
+            user,
+            password,
+            fingerprint,
+            key_prefix,
+            connect_timeout_ms,
+            io_timeout_ms,
+            retry_ms,
+            n_connections,
+            pipeline,
+            ttl_s,
+            queue_bytes,
+            log,
+            log_ctx,
+        }),
     ]
 }
 
@@ -291,7 +324,7 @@ fn structs_match_c_layout() {
         }
     }
     assert!(errors.is_empty(), "layout mismatches:\n  {}", errors.join("\n  "));
-    assert_eq!(c::ALL.len(), 17);
+    assert_eq!(c::ALL.len(), 18);
 }
 
 #[test]
@@ -300,6 +333,50 @@ fn struct_size_fields_are_first() {
     assert_eq!(offset_of!(sys::kvt_pool_opts, struct_size), 0);
     assert_eq!(c::KVT_POOL_OPTS.fields[0].name, "struct_size");
     assert_eq!(c::KVT_STATS.size, size_of::<sys::kvt_stats>());
+}
+
+/// The layouts the library tells apart by struct_size (LP64): each appended
+/// group of fields starts where the previous layout ended, at the offset the
+/// header names, in C and in Rust alike, and the sizes are the current ones.
+#[test]
+#[cfg(target_pointer_width = "64")]
+fn appended_fields_start_at_the_documented_sizes() {
+    fn c_offset(cs: &c::CStruct, field: &str) -> usize {
+        match cs.fields.iter().find(|f| f.name == field) {
+            Some(f) => f.offset,
+            None => panic!("{}.{field}: not printed by layout.c", cs.name),
+        }
+    }
+    macro_rules! at {
+        ($t:ident, $c:expr, $f:ident, $want:expr) => {
+            let what = concat!(stringify!($t), ".", stringify!($f));
+            assert_eq!(offset_of!(sys::$t, $f), $want, "Rust {what}");
+            assert_eq!(c_offset(&$c, stringify!($f)), $want, "C {what}");
+        };
+    }
+    // kvt_pool_opts: 136 (first layout), 160 (+ prefix cache), 168 (+ remote).
+    at!(kvt_pool_opts, c::KVT_POOL_OPTS, prefix_cache_bytes, 136);
+    at!(kvt_pool_opts, c::KVT_POOL_OPTS, remote, 160);
+    // kvt_stats: 328, 408 (+ prefix cache), 504 (+ remote: 12 counters).
+    at!(kvt_stats, c::KVT_STATS, prefix_lookups, 328);
+    at!(kvt_stats, c::KVT_STATS, remote_fetches, 408);
+    at!(kvt_stats, c::KVT_STATS, remote_queue_bytes, 408 + 11 * 8);
+    // kvt_seq_info: 56, 72 (+ prefix cache), 80 (+ remote).
+    at!(kvt_seq_info, c::KVT_SEQ_INFO, prefix_tokens, 56);
+    at!(kvt_seq_info, c::KVT_SEQ_INFO, remote_tokens, 72);
+    at!(kvt_seq_info, c::KVT_SEQ_INFO, remote_loading, 76);
+    // kvt_remote_opts: the first layout (KVT__REMOTE_OPTS_V1).
+    at!(kvt_remote_opts, c::KVT_REMOTE_OPTS, queue_bytes, 72);
+    at!(kvt_remote_opts, c::KVT_REMOTE_OPTS, log, 80);
+    at!(kvt_remote_opts, c::KVT_REMOTE_OPTS, log_ctx, 88);
+    for (name, rust, c, want) in [
+        ("kvt_pool_opts", size_of::<sys::kvt_pool_opts>(), c::KVT_POOL_OPTS.size, 168),
+        ("kvt_stats", size_of::<sys::kvt_stats>(), c::KVT_STATS.size, 504),
+        ("kvt_seq_info", size_of::<sys::kvt_seq_info>(), c::KVT_SEQ_INFO.size, 80),
+        ("kvt_remote_opts", size_of::<sys::kvt_remote_opts>(), c::KVT_REMOTE_OPTS.size, 96),
+    ] {
+        assert_eq!((rust, c), (want, want), "{name}: size (Rust, C)");
+    }
 }
 
 /// Each `kvt_*_opts_init` writes sizeof(the header's struct) and sets
@@ -328,5 +405,6 @@ fn opts_init_writes_the_rust_size() {
         probe("kvt_policy_opts", sys::kvt_policy_opts_init);
         probe("kvt_profiler_opts", sys::kvt_profiler_opts_init);
         probe("kvt_mover_opts", sys::kvt_mover_opts_init);
+        probe("kvt_remote_opts", sys::kvt_remote_opts_init);
     }
 }
