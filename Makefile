@@ -283,7 +283,8 @@ endif
 # -fopenmp-simd so its small loops vectorise.
 DECODE_SRCS := examples/decode/main.c examples/decode/engine.c examples/decode/model.c \
                examples/decode/gguf.c examples/decode/tokenizer.c examples/decode/session.c \
-               examples/decode/draft.c examples/decode/prefill_ab.c examples/decode/prefix_demo.c
+               examples/decode/draft.c examples/decode/prefill_ab.c examples/decode/prefix_demo.c \
+               examples/decode/remote_run.c
 DECODE_HDRS := $(wildcard examples/decode/*.h)
 $(O)/bin/kvtier-decode: $(DECODE_SRCS) $(DECODE_HDRS) $(LIB_SO)
 	@mkdir -p $(dir $@)

@@ -118,6 +118,43 @@ for kv in dense tiered; do
   [ "$n" -eq 2 ] || { cat "$TMP/e"; fail "--prefix-demo ($kv): later requests did not attach $W tokens"; }
 done
 
+# 8. The remote tier (--remote): two runs on the same prompt through a
+#    redis-server on a unix socket (started here, shut down after); the
+#    second lands every whole page of the prompt's prefix (all but its last
+#    32 tokens) from Redis and generates the first run's greedy tokens, dense
+#    and tiered. A build without hiredis must say so and exit 1.
+if command -v redis-server >/dev/null 2>&1 && command -v redis-cli >/dev/null 2>&1; then
+  RS="$TMP/redis.sock"
+  redis-server --port 0 --unixsocket "$RS" --unixsocketperm 700 --dir "$TMP" --save "" \
+    --appendonly no --daemonize yes --logfile "$TMP/redis.log" >/dev/null
+  trap 'redis-cli -s "$RS" shutdown nosave >/dev/null 2>&1; rm -rf "$TMP"' EXIT
+  i=0
+  until redis-cli -s "$RS" ping 2>/dev/null | grep -q PONG; do
+    i=$((i + 1)); [ $i -lt 100 ] || fail "redis-server did not start"; sleep 0.05
+  done
+  for kv in dense tiered; do
+    redis-cli -s "$RS" flushall >/dev/null
+    for run in 1 2; do
+      # shellcheck disable=SC2086
+      "$BIN" $MM --kv $kv --remote "unix:$RS" --json >"$TMP/r$run" 2>"$TMP/e$run"; rc=$?
+      if [ $rc -ne 0 ] && grep -q "hiredis" "$TMP/e$run"; then
+        echo "kvtier-decode --remote: built without hiredis (KVT_ENOTSUP), as it says"; break 2
+      fi
+      [ $rc -eq 0 ] || { cat "$TMP/e$run"; fail "--remote run $run ($kv)"; }
+    done
+    T=$(field prompt_tokens <"$TMP/r2")
+    want=$(( (T - 32) / 16 * 16 ))
+    [ "$(field remote_tokens <"$TMP/r1")" = 0 ] || fail "--remote ($kv): the first run landed tokens"
+    [ "$(field remote_tokens <"$TMP/r2")" = "$want" ] ||
+      { cat "$TMP/e2"; fail "--remote ($kv): the second run landed $(field remote_tokens <"$TMP/r2") tokens, not $want"; }
+    grep -v '^{' "$TMP/r1" >"$TMP/t1"; grep -v '^{' "$TMP/r2" >"$TMP/t2"
+    cmp -s "$TMP/t1" "$TMP/t2" || fail "--remote ($kv): the second run generated other tokens"
+    echo "kvtier-decode --remote ($kv): run 2 landed $want of $T prompt tokens from Redis, same tokens"
+  done
+else
+  echo "redis-server not installed: --remote not tried"
+fi
+
 # 5. Malformed files: junk, wrong GGUF version, missing file.
 head -c 4096 /dev/urandom >"$TMP/junk.bin"
 printf 'GGUF\011\000\000\000' >"$TMP/v9.gguf"; head -c 64 /dev/zero >>"$TMP/v9.gguf"

@@ -142,8 +142,9 @@ void kv_open(kvcache *kc, const model *m, const engine_opts *o, int tiered, uint
             po.disk_bytes = all + all / 4 + (64u << 20);
         }
     }
-    if (o->prefix_cache)
+    if (o->prefix_cache || o->remote)
         po.flags |= KVT_POOL_PREFIX_CACHE;
+    po.remote = o->remote;
     CHECK(kvt_pool_create(&po, &kc->pool));
     CHECK(kvt_seq_create(kc->pool, NULL, &kc->seq));
 }
@@ -298,6 +299,29 @@ void engine_decode(const model *m, kvcache *kc, int32_t tok, uint32_t pos, work 
     engine_step(m, kc, &tok, 1, pos, !kc->tiered, 0, w, NULL, 0, 0);
 }
 
+/* Positions [from, T) of tokens through kc in dense steps of w->rows
+ * tokens; kvtier's share of the time goes to t_prefill_kv, not to the
+ * decode's timers. */
+static void prefill_range(const model *m, const int32_t *tokens, uint32_t from, uint32_t T,
+                          kvcache *kc, work *w, float *obs, uint32_t n_obs, int show,
+                          double done, double total)
+{
+    const kvcache saved = *kc;
+    for (uint32_t p0 = from; p0 < T; p0 += w->rows) {
+        const uint32_t n = T - p0 < w->rows ? T - p0 : w->rows;
+        engine_step(m, kc, tokens + p0, n, p0, 1, 0, w, obs, n_obs, T - n_obs);
+        if (show)
+            progress("prefill", (done + p0 + n - from) / total);
+    }
+    kc->t_prefill_kv += kc->t_plan - saved.t_plan + kc->t_append - saved.t_append +
+                        kc->t_select - saved.t_select + kc->t_attend - saved.t_attend;
+    kc->t_decode = saved.t_decode;
+    kc->t_plan = saved.t_plan;
+    kc->t_append = saved.t_append;
+    kc->t_select = saved.t_select;
+    kc->t_attend = saved.t_attend;
+}
+
 void engine_prefill_chunked(const model *m, const int32_t *tokens, uint32_t T, kvcache *kc,
                             int nkc, uint32_t chunk, float *logits, float *obs, uint32_t n_obs,
                             int show)
@@ -305,24 +329,19 @@ void engine_prefill_chunked(const model *m, const int32_t *tokens, uint32_t T, k
     const model_cfg *c = &m->c;
     work w;
     work_init_rows(&w, c, chunk < T ? chunk : T);
-    for (int i = 0; i < nkc; i++) {
-        /* The decode's timers count decode steps only: kvtier's share of
-         * the prefill (its calls) goes to t_prefill_kv. */
-        const kvcache saved = kc[i];
-        for (uint32_t p0 = 0; p0 < T; p0 += chunk) {
-            const uint32_t n = T - p0 < chunk ? T - p0 : chunk;
-            engine_step(m, &kc[i], tokens + p0, n, p0, 1, 0, &w, obs, n_obs, T - n_obs);
-            if (show)
-                progress("prefill", ((double)i * T + p0 + n) / ((double)nkc * T));
-        }
-        kc[i].t_prefill_kv += kc[i].t_plan - saved.t_plan + kc[i].t_append - saved.t_append +
-                              kc[i].t_select - saved.t_select + kc[i].t_attend - saved.t_attend;
-        kc[i].t_decode = saved.t_decode;
-        kc[i].t_plan = saved.t_plan;
-        kc[i].t_append = saved.t_append;
-        kc[i].t_select = saved.t_select;
-        kc[i].t_attend = saved.t_attend;
-    }
+    for (int i = 0; i < nkc; i++)
+        prefill_range(m, tokens, 0, T, &kc[i], &w, obs, n_obs, show, (double)i * T,
+                      (double)nkc * T);
     memcpy(logits, w.logits, c->vocab * sizeof *logits);
+    work_free(&w);
+}
+
+void engine_prefill_rest(const model *m, const int32_t *tokens, uint32_t from, uint32_t T,
+                         kvcache *kc, uint32_t chunk, float *logits, float *obs, uint32_t n_obs)
+{
+    work w;
+    work_init_rows(&w, &m->c, chunk < T - from ? chunk : T - from);
+    prefill_range(m, tokens, from, T, kc, &w, obs, n_obs, 0, 0, 1);
+    memcpy(logits, w.logits, m->c.vocab * sizeof *logits);
     work_free(&w);
 }

@@ -27,6 +27,7 @@ typedef struct engine_opts {
     int resume;          /* the cache is restored: every page lands on the device */
     uint32_t chunk;      /* prefill chunk (tokens per kvtier step); 0 = the engine's GEMM */
     int prefix_cache;    /* the pool keeps full pages for later requests (KVT_POOL_PREFIX_CACHE) */
+    const kvt_remote_opts *remote; /* the remote tier (with the prefix cache), or NULL */
 } engine_opts;
 
 /* ---- one KV cache: a pool and the sequence in it ----------------------------------- */
@@ -84,5 +85,9 @@ void engine_step(const model *m, kvcache *kc, const int32_t *toks, uint32_t n, u
 void engine_prefill_chunked(const model *m, const int32_t *tokens, uint32_t T, kvcache *kc,
                             int nkc, uint32_t chunk, float *logits, float *obs, uint32_t n_obs,
                             int show);
+/* The same for positions [from, T) of one cache (from < T), whose first
+ * `from` positions it holds already (a prefix cache, a remote tier). */
+void engine_prefill_rest(const model *m, const int32_t *tokens, uint32_t from, uint32_t T,
+                         kvcache *kc, uint32_t chunk, float *logits, float *obs, uint32_t n_obs);
 
 #endif /* KVTD_ENGINE_H */

@@ -35,6 +35,7 @@
 #include "draft.h"
 #include "prefill_ab.h"
 #include "prefix_demo.h"
+#include "remote_run.h"
 #include "engine.h"
 #include "model.h"
 #include "session.h"
@@ -73,6 +74,7 @@ static void *xmalloc(size_t n)
 /* ---- options ------------------------------------------------------------------- */
 typedef struct opts {
     const char *model, *tokenizer, *prompt, *prompt_file, *policy, *disk, *save, *resume;
+    const char *remote;   /* --remote URL */
     int tiered, compare, json, quiet, prefill_ab;
     uint32_t prefix_demo; /* requests of --prefix-demo (0 = off) */
     uint32_t question;    /* their question tokens */
@@ -112,6 +114,10 @@ static const char usage[] =
     "                       later ones attach the prompt's pages and prefill only the\n"
     "                       rest); prints prefill times and bytes saved, then exits\n"
     "  --question N         question tokens per --prefix-demo request (default 64)\n"
+    "  --remote URL         share the prompt's KV through Redis (redis://host:port,\n"
+    "                       unix:/path, or a cluster's nodes, comma-separated): a run\n"
+    "                       on a prompt an earlier run of the same model wrote lands\n"
+    "                       its pages and prefills only the rest\n"
     "  --save FILE          save the session (KV cache and sampler) after generating\n"
     "  --resume FILE        continue a saved session (no prompt; same model)\n"
     "  --json               print one JSON summary line on stdout at the end\n"
@@ -191,6 +197,8 @@ static void parse(int argc, char **argv, opts *o)
             o->draft = parse_u32(v, "--draft");
         else if (ARG("--save"))
             o->save = v;
+        else if (ARG("--remote"))
+            o->remote = v;
         else if (ARG("--resume"))
             o->resume = v;
         else if (ARG("--seed"))
@@ -221,6 +229,9 @@ static void parse(int argc, char **argv, opts *o)
                            o->samples > 1 || o->draft))
         die("--prefix-demo N (1 to 64) runs alone: no --compare, --resume, --save, --samples "
             "or --draft%s", "");
+    if (o->remote && (o->compare || o->resume || o->prefix_demo || o->prefill_ab))
+        die("--remote runs one cache from a prompt: no --compare, --resume, --prefix-demo or "
+            "--prefill-ab%s", "");
     if (o->question == 0)
         o->question = 64;
     if (o->chunk > KVT_STEP_MAX_NEW)
@@ -398,8 +409,12 @@ int main(int argc, char **argv)
     /* The caches: one, or dense + tiered for --compare. */
     kvcache kc[2];
     int nkc = o.compare ? 2 : 1;
+    char fp[64];
+    kvt_remote_opts ro;
+    if (o.remote)
+        ro = remote_opts(o.remote, &m, fp);
     const engine_opts eo = {o.budget, o.threads, o.policy, o.disk, o.samples, o.gen,
-                            o.resume != NULL, o.chunk, 0};
+                            o.resume != NULL, o.chunk, 0, o.remote ? &ro : NULL};
     if (o.prefix_demo)
         return prefix_demo(&m, prompt, T, &eo, o.tiered, o.prefix_demo, o.question, o.seed,
                            o.json);
@@ -426,12 +441,21 @@ int main(int argc, char **argv)
     prob *ps = xmalloc(c->vocab * sizeof *ps);
     double t0 = now_s();
     session_state ss = {0, 0};
+    remote_report rr = {0, 0, 0, 0, 0, 0};
     if (o.resume) { /* the saved cache, then its next token through it */
         uint32_t have;
         if (session_resume(o.resume, &kc[0], c, ctx + 1, &ss, &have, err, sizeof err))
             die("%s", err);
         engine_decode(&m, &kc[0], ss.next_tok, have, &w);
         T = have + 1;
+    } else if (o.remote) { /* what the remote tier has, then the rest */
+        remote_prefill(&m, prompt, T, &kc[0], o.chunk ? o.chunk : 512, w.logits, obs, n_obs,
+                       &rr);
+        if (!o.quiet)
+            fprintf(stderr, "remote: %u of %u prompt tokens landed from %s (%.1f MiB, fetch "
+                    "%.1f ms), %u from the local cache, %u prefilled; %.3f s\n",
+                    rr.remote_tokens, T, o.remote, (double)rr.get_bytes / 1048576.0, rr.fetch_ms,
+                    rr.local_tokens, T - rr.remote_tokens - rr.local_tokens, rr.prefill_s);
     } else if (o.chunk) {
         engine_prefill_chunked(&m, prompt, T, kc, nkc, o.chunk, w.logits, obs, n_obs,
                                !o.quiet || T >= 4096);
@@ -609,6 +633,9 @@ int main(int argc, char **argv)
                    ds.drafted ? (double)ds.accepted / ds.drafted : 0.0,
                    ds.verifies ? (double)ds.produced / ds.verifies : 0.0);
         printf(",\"prefill_chunk\":%u", o.resume ? 0 : o.chunk);
+        if (o.remote)
+            printf(",\"remote_tokens\":%u,\"remote_fetch_ms\":%.2f,\"remote_get_bytes\":%llu",
+                   rr.remote_tokens, rr.fetch_ms, (unsigned long long)rr.get_bytes);
         if (o.compare)
             printf(",\"dense_decode_tok_s\":%.2f,\"decode_speedup\":%.3f,\"top1_agreement\":%.4f,"
                    "\"max_logit_diff\":%.5g,\"compared\":%u",
@@ -628,6 +655,8 @@ int main(int argc, char **argv)
     for (uint32_t i = 1; i < o.samples; i++)
         CHECK(kvt_seq_release(kc[0].pool, sids[i]));
     free(sids);
+    if (o.remote)
+        remote_finish(&kc[0], o.quiet);
     for (int i = 0; i < nkc; i++)
         kv_close(&kc[i]);
     free(obs);
