@@ -144,7 +144,7 @@ LIB_SRCS := $(filter-out lib/tier/rclient_none.c,$(LIB_SRCS))
 DEP_CFLAGS += $(patsubst -I%,-isystem %,$(REDIS_CFLAGS)) # (its headers warn)
 DEP_LIBS += $(REDIS_LIBS)
 else
-LIB_SRCS := $(filter-out lib/tier/rclient.c lib/tier/rconn.c,$(LIB_SRCS))
+LIB_SRCS := $(filter-out lib/tier/rclient.c lib/tier/rconn.c lib/tier/rreply.c,$(LIB_SRCS))
 endif
 ifeq ($(CUDA),1)
 CU_SRCS  := $(wildcard cuda/*.cu)
@@ -190,7 +190,7 @@ TEST_BINS += $(GPU_TEST_BINS)
 TEST_SCRIPTS := tests/test_symbols.sh tests/test_man.sh tests/test_install.sh \
                 tests/test_profile_tool.sh tests/test_decode_tool.sh tests/test_cpp_example.sh \
                 tests/test_rust.sh tests/test_gpu_scripts.sh tests/test_layers.sh \
-                tests/test_bench_prefix.sh tests/test_redis_slot.sh
+                tests/test_bench_prefix.sh tests/test_redis_slot.sh tests/test_bench_remote.sh
 TEST_SCRIPTS += $(GPU_TEST_SCRIPTS)
 
 .PHONY: all lib programs check check-asan check-tsan tsan-run check-valgrind demo install uninstall clean \
@@ -257,7 +257,7 @@ $(O)/bin/kvtier-pool-demo: examples/pool-demo/pool_demo.c $(LIB_SO)
 # program also carries bench_cuda.c (--backend cuda), which calls the
 # library's hidden kernel launchers: it links the static library then.
 BENCH_SRCS := examples/bench/bench.c examples/bench/bench_io.c examples/bench/bench_tier.c \
-              examples/bench/bench_fork.c examples/bench/bench_prefix.c
+              examples/bench/bench_fork.c examples/bench/bench_prefix.c examples/bench/bench_remote.c
 BENCH_HDRS := examples/bench/bench_io.h examples/bench/bench_cuda.h
 ifeq ($(CUDA),1)
 $(O)/bin/kvtier-bench: $(BENCH_SRCS) examples/bench/bench_cuda.c $(BENCH_HDRS) $(LIB_A) $(LIB_SO)

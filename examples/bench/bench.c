@@ -88,7 +88,7 @@ static const char usage_text[] =
     "                      reranked every step, the others every 16 steps (16-step passes)\n"
     "  --help              this text\n"
     "Prints one JSON object per case on stdout, progress on stderr.\n"
-    "Other commands: io, tier, fork, prefix (kvtier-bench CMD --help).\n";
+    "Other commands: io, tier, fork, prefix, remote (kvtier-bench CMD --help).\n";
 
 static void usage_error(const char *msg, const char *arg)
 {
@@ -1022,6 +1022,8 @@ int main(int argc, char **argv)
         return bench_fork_main(argc - 1, argv + 1);
     if (argc > 1 && strcmp(argv[1], "prefix") == 0)
         return bench_prefix_main(argc - 1, argv + 1);
+    if (argc > 1 && strcmp(argv[1], "remote") == 0)
+        return bench_remote_main(argc - 1, argv + 1);
     bench_opts o;
     parse_args(argc, argv, &o);
     double t_start = bench_now();

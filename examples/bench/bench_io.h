@@ -16,6 +16,9 @@ int bench_fork_main(int argc, char **argv);
 /* argv[0] is "prefix": a chat workload through the prefix cache
  * (bench_prefix.c); returns the process exit status. */
 int bench_prefix_main(int argc, char **argv);
+/* argv[0] is "remote": the remote tier against redis-benchmark
+ * (bench_remote.c); returns the process exit status. */
+int bench_remote_main(int argc, char **argv);
 
 /* Helpers both subcommands use. */
 #include <errno.h>

@@ -167,7 +167,7 @@ static void kvt__pfx_remote_put(const kvt_pool *p, const kvt__seq *s, uint32_t p
 {
     const kvt__rgeom *g = kvt__rclient_geom(p->remote);
     const size_t n = kvt__rvalue_bytes(g);
-    uint8_t *v = malloc(n);
+    uint8_t *v = kvt__rclient_buf(p->remote);
     if (v) {
         kvt__rvalue_header(g, v, pg, e->salt, e->rk, parent, ids);
         for (size_t lh = 0; lh < (size_t)g->L * g->H; lh++)
@@ -175,7 +175,7 @@ static void kvt__pfx_remote_put(const kvt_pool *p, const kvt__seq *s, uint32_t p
                 kvt__rclient_log(p->remote, "kvtier remote: page %u not written: %s", pg,
                                  kvt_last_error());
                 kvt_clear_error();
-                free(v);
+                kvt__rclient_buf_free(p->remote, v);
                 v = NULL;
                 break;
             }

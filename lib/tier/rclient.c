@@ -29,20 +29,25 @@ typedef struct {
     const char *key;
     size_t klen;
     int node;                /* where it was sent; -1 = not sent */
-    redisReply *moved;       /* a MOVED or ASK reply, followed after the batch */
+    char *moved;             /* a MOVED or ASK error, followed after the batch */
 } kvt__rop;
 
 /* ---- a worker ---- */
 typedef struct {
     kvt__rclient *c;
     redisContext *conn[KVT__RMAX_NODES];
+    kvt__rrb *rb[KVT__RMAX_NODES]; /* the GET replies' read buffers */
     kvt__rop *op;
 } kvt__rworker;
 
 static redisContext *kvt__rconn(kvt__rworker *w, uint32_t node)
 {
-    if (!w->conn[node])
+    if (!w->conn[node]) {
+        if (!w->rb[node] && !(w->rb[node] = malloc(sizeof *w->rb[node])))
+            return NULL;
+        w->rb[node]->at = w->rb[node]->n = 0;
         w->conn[node] = kvt__rconnect(w->c, node);
+    }
     return w->conn[node];
 }
 
@@ -50,7 +55,8 @@ static void kvt__rconn_lost(kvt__rworker *w, uint32_t node)
 {
     char why[200];
     snprintf(why, sizeof why, "connection lost (%s)",
-             w->conn[node] && w->conn[node]->errstr[0] ? w->conn[node]->errstr : "no reply");
+             w->conn[node] && w->conn[node]->errstr[0] ? w->conn[node]->errstr
+                                                        : "no reply, or not one of RESP");
     redisFree(w->conn[node]);
     w->conn[node] = NULL;
     kvt__rnode_fault(w->c, node, why);
@@ -77,37 +83,71 @@ static int kvt__rappend(kvt__rworker *w, redisContext *r, const kvt__rop *op)
     return redisAppendCommandArgv(r, argc, argv, argl);
 }
 
-/* The outcome of a command's reply (the reply is kept or freed here). */
-static void kvt__rdone(kvt__rworker *w, kvt__rop *op, redisReply *rep, int st)
+/* Writes what hiredis holds for r (the socket's send timeout bounds it). */
+static int kvt__rflush(redisContext *r)
+{
+    int done = 0;
+    while (!done)
+        if (redisBufferWrite(r, &done) != REDIS_OK)
+            return -1;
+    return 0;
+}
+
+/* The next reply on node's connection: a GET's read here, a SET's (and
+ * ASKING's, for a SET) by hiredis. */
+static int kvt__rreply(kvt__rworker *w, uint32_t node, const kvt__rop *op, kvt__rrep *rep)
+{
+    redisContext *r = w->conn[node];
+    if (op->f) {
+        uint8_t *dst = kvt__rclient_buf(w->c);
+        const int rc = kvt__rflush(r) ||
+                       kvt__rread(r->fd, w->rb[node], kvt__rvalue_bytes(&w->c->g), dst, rep);
+        if (rc || rep->str != (char *)dst)
+            kvt__rclient_buf_free(w->c, dst);
+        return rc;
+    }
+    redisReply *x = NULL;
+    if (redisGetReply(r, (void **)&x) != REDIS_OK)
+        return -1;
+    kvt__rrep_take(rep, x);
+    return 0;
+}
+
+/* The outcome of a command's reply (its value kept, or freed here). */
+static void kvt__rdone(kvt__rworker *w, kvt__rop *op, kvt__rrep *rep, int st)
 {
     kvt__rclient *c = w->c;
     if (!op->f) {
-        if (st == KVT__RV_OK && rep && rep->type == REDIS_REPLY_STATUS) {
+        if (st == KVT__RV_OK && rep->type == REDIS_REPLY_STATUS) {
             atomic_fetch_add(&c->st_put, 1u);
             atomic_fetch_add(&c->st_put_bytes, op->put->len);
         } else {
-            if (rep && rep->type == REDIS_REPLY_ERROR) {
+            if (st == KVT__RV_OK && rep->type == REDIS_REPLY_ERROR) {
                 atomic_fetch_add(&c->st_errors, 1u);
-                kvt__rclient_log(c, "kvtier remote: SET %s: %s", op->key, rep->str);
+                kvt__rclient_log(c, "kvtier remote: SET %s: %s", op->key,
+                                 rep->str ? rep->str : "error");
             }
             atomic_fetch_add(&c->st_dropped, 1u);
         }
-        if (rep)
-            freeReplyObject(rep);
-        free(op->put->val);
+        free(rep->str);
+        kvt__rclient_buf_free(c, op->put->val);
         free(op->put);
         return;
     }
     kvt__rfetch *f = op->f;
     const uint32_t i = op->idx;
     if (st == KVT__RV_OK) {
-        if (!rep || rep->type == REDIS_REPLY_NIL) {
+        if (rep->type == REDIS_REPLY_NIL) {
             st = KVT__RV_MISS;
         } else if (rep->type == REDIS_REPLY_ERROR) {
             atomic_fetch_add(&c->st_errors, 1u);
-            kvt__rclient_log(c, "kvtier remote: GET %s: %s", op->key, rep->str);
+            kvt__rclient_log(c, "kvtier remote: GET %s: %s", op->key,
+                             rep->str ? rep->str : "error");
             st = KVT__RV_FAULT;
-        } else if (rep->type != REDIS_REPLY_STRING) {
+        } else if (rep->type != REDIS_REPLY_STRING || !rep->str) {
+            atomic_fetch_add(&c->st_corrupt, 1u);
+            kvt__rclient_log(c, "kvtier remote: %s: rejected: %zu bytes where a value has %zu",
+                             op->key, rep->len, kvt__rvalue_bytes(&c->g));
             st = KVT__RV_BAD;
         } else {
             char why[160];
@@ -121,11 +161,12 @@ static void kvt__rdone(kvt__rworker *w, kvt__rop *op, redisReply *rep, int st)
             }
         }
     }
-    if (st == KVT__RV_OK) {
-        f->rep[i] = rep;
-    } else if (rep) {
-        freeReplyObject(rep);
-    }
+    if (st == KVT__RV_OK)
+        f->val[i] = (uint8_t *)rep->str;
+    else if (rep->type == REDIS_REPLY_STRING) /* a value's buffer */
+        kvt__rclient_buf_free(c, (uint8_t *)rep->str);
+    else
+        free(rep->str);
     f->st[i] = (uint8_t)st;
     if (st != KVT__RV_OK) { /* values past a miss are not asked for any more */
         uint32_t m = atomic_load(&f->miss_at);
@@ -135,59 +176,63 @@ static void kvt__rdone(kvt__rworker *w, kvt__rop *op, redisReply *rep, int st)
 }
 
 /* A redirected command, synchronously: MOVED updates the slot map, ASK
- * asks the named node once (ASKING first). Returns the final reply or NULL
- * (a fault). */
-static redisReply *kvt__rredirect(kvt__rworker *w, kvt__rop *op, redisReply *rep)
+ * asks the named node once (ASKING first). err: the MOVED/ASK line (freed
+ * here). 0 and the final reply, or -1 (a fault). */
+static int kvt__rredirect(kvt__rworker *w, kvt__rop *op, char *err, kvt__rrep *rep)
 {
     kvt__rclient *c = w->c;
-    for (int hop = 0; hop < KVT__RHOPS && rep && rep->type == REDIS_REPLY_ERROR; hop++) {
+    memset(rep, 0, sizeof *rep);
+    rep->type = REDIS_REPLY_ERROR;
+    rep->str = err;
+    for (int hop = 0; hop < KVT__RHOPS && rep->type == REDIS_REPLY_ERROR && rep->str; hop++) {
         const bool moved = !strncmp(rep->str, "MOVED ", 6), ask = !strncmp(rep->str, "ASK ", 4);
         if (!moved && !ask)
-            return rep;
+            return 0;
         unsigned slot = 0;
         char host[256];
         int port = 0;
         if (sscanf(rep->str + (moved ? 6 : 4), "%u %255[^:]:%d", &slot, host, &port) != 3 ||
             slot >= KVT__RSLOTS)
-            return rep;
+            return 0;
         atomic_fetch_add(&c->st_redirects, 1u);
         pthread_mutex_lock(&c->mu);
         const int node = kvt__rnode_find(c, host, strlen(host), port);
         if (moved && node >= 0)
             c->slot[slot] = (uint16_t)node;
         pthread_mutex_unlock(&c->mu);
-        freeReplyObject(rep);
-        rep = NULL;
+        free(rep->str);
+        memset(rep, 0, sizeof *rep);
         redisContext *r = node >= 0 ? kvt__rconn(w, (uint32_t)node) : NULL;
         if (!r)
-            return NULL;
-        if (ask)
-            redisAppendCommand(r, "ASKING");
-        void *got = NULL;
-        if (kvt__rappend(w, r, op) != REDIS_OK ||
-            (ask && (redisGetReply(r, &got) != REDIS_OK || (freeReplyObject(got), 0))) ||
-            redisGetReply(r, (void **)&rep) != REDIS_OK) {
+            return -1;
+        kvt__rrep ok;
+        const kvt__rop asking = {.f = op->f}; /* read as the command is */
+        if ((ask && redisAppendCommand(r, "ASKING") != REDIS_OK) ||
+            kvt__rappend(w, r, op) != REDIS_OK ||
+            (ask && (kvt__rreply(w, (uint32_t)node, &asking, &ok) || (free(ok.str), 0))) ||
+            kvt__rreply(w, (uint32_t)node, op, rep)) {
             kvt__rconn_lost(w, (uint32_t)node);
-            return NULL;
+            return -1;
         }
         kvt__rnode_ok(c, (uint32_t)node);
     }
-    return rep;
+    return 0;
 }
 
-/* Sends ops[n] to their nodes (all sent before any reply is read), reads
- * the replies node by node, follows redirections. */
+/* Sends ops[n] (all GETs or all SETs) to their nodes, all before any reply
+ * is read, reads the replies node by node, then follows redirections. */
 static void kvt__rbatch(kvt__rworker *w, kvt__rop *ops, uint32_t n)
 {
     kvt__rclient *c = w->c;
     uint32_t used[KVT__RMAX_NODES], n_used = 0;
+    kvt__rrep none = {0, NULL, 0};
     for (uint32_t i = 0; i < n; i++) {
         kvt__rop *op = &ops[i];
         op->node = -1;
         const int node = kvt__rroute(c, op->key, op->klen);
         redisContext *r = node >= 0 ? kvt__rconn(w, (uint32_t)node) : NULL;
         if (!r || kvt__rappend(w, r, op) != REDIS_OK) {
-            kvt__rdone(w, op, NULL, KVT__RV_FAULT);
+            kvt__rdone(w, op, &none, KVT__RV_FAULT);
             continue;
         }
         op->node = node;
@@ -204,26 +249,28 @@ static void kvt__rbatch(kvt__rworker *w, kvt__rop *ops, uint32_t n)
             kvt__rop *op = &ops[i];
             if (op->node != (int)node)
                 continue;
-            redisReply *rep = NULL;
-            if (lost || redisGetReply(w->conn[node], (void **)&rep) != REDIS_OK) {
+            kvt__rrep rep;
+            if (lost || kvt__rreply(w, node, op, &rep)) {
                 if (!lost)
                     kvt__rconn_lost(w, node);
                 lost = true;
-                kvt__rdone(w, op, NULL, KVT__RV_FAULT);
+                kvt__rdone(w, op, &none, KVT__RV_FAULT);
                 continue;
             }
             kvt__rnode_ok(c, node);
-            if (rep && rep->type == REDIS_REPLY_ERROR &&
-                (!strncmp(rep->str, "MOVED ", 6) || !strncmp(rep->str, "ASK ", 4)))
-                op->moved = rep; /* once every pipelined reply is read */
+            if (rep.type == REDIS_REPLY_ERROR && rep.str &&
+                (!strncmp(rep.str, "MOVED ", 6) || !strncmp(rep.str, "ASK ", 4)))
+                op->moved = rep.str; /* once every pipelined reply is read */
             else
-                kvt__rdone(w, op, rep, rep ? KVT__RV_OK : KVT__RV_FAULT);
+                kvt__rdone(w, op, &rep, KVT__RV_OK);
         }
     }
     for (uint32_t i = 0; i < n; i++)
         if (ops[i].moved) {
-            redisReply *rep = kvt__rredirect(w, &ops[i], ops[i].moved);
-            kvt__rdone(w, &ops[i], rep, rep ? KVT__RV_OK : KVT__RV_FAULT);
+            kvt__rrep rep;
+            const int rc = kvt__rredirect(w, &ops[i], ops[i].moved, &rep);
+            ops[i].moved = NULL;
+            kvt__rdone(w, &ops[i], &rep, rc ? KVT__RV_FAULT : KVT__RV_OK);
         }
 }
 
@@ -289,8 +336,10 @@ static void *kvt__rworker_main(void *arg)
         pthread_cond_wait(&c->work, &c->mu);
     }
     pthread_mutex_unlock(&c->mu);
-    for (uint32_t i = 0; i < KVT__RMAX_NODES; i++)
+    for (uint32_t i = 0; i < KVT__RMAX_NODES; i++) {
         redisFree(w->conn[i]);
+        free(w->rb[i]);
+    }
     free(w->op);
     free(w);
     return NULL;
@@ -312,6 +361,11 @@ void kvt__rclient_destroy(kvt__rclient *c)
         free(q->val);
         free(q);
     }
+    for (void *b = c->buf_free, *nx; b; b = nx) {
+        memcpy(&nx, b, sizeof nx);
+        free(b);
+    }
+    pthread_mutex_destroy(&c->buf_mu);
     pthread_mutex_destroy(&c->mu);
     pthread_mutex_destroy(&c->map_mu);
     pthread_mutex_destroy(&c->log_mu);
@@ -339,9 +393,11 @@ int kvt__rclient_create(kvt__rclient **out, const kvt_remote_opts *o, const kvt_
     c->o.pipeline = o->pipeline ? o->pipeline : 32u;
     c->o.queue_bytes = o->queue_bytes ? o->queue_bytes : 256ull << 20;
     c->cluster = -1;
+    c->buf_cap = c->o.queue_bytes / kvt__rvalue_bytes(g) + 1u;
     pthread_mutex_init(&c->mu, NULL);
     pthread_mutex_init(&c->map_mu, NULL);
     pthread_mutex_init(&c->log_mu, NULL);
+    pthread_mutex_init(&c->buf_mu, NULL);
     pthread_cond_init(&c->work, NULL);
     pthread_cond_init(&c->idle, NULL);
     c->endpoints = kvt__rdup(o->endpoints);
@@ -401,6 +457,35 @@ uint32_t kvt__rclient_flags(const kvt__rclient *c)
     return c->o.flags;
 }
 
+/* ---- value buffers ---- */
+uint8_t *kvt__rclient_buf(kvt__rclient *c)
+{
+    pthread_mutex_lock(&c->buf_mu);
+    void *b = c->buf_free;
+    if (b) {
+        memcpy(&c->buf_free, b, sizeof c->buf_free);
+        c->buf_n--;
+    }
+    pthread_mutex_unlock(&c->buf_mu);
+    return b ? b : malloc(kvt__rvalue_bytes(&c->g));
+}
+
+void kvt__rclient_buf_free(kvt__rclient *c, uint8_t *b)
+{
+    if (!b)
+        return;
+    pthread_mutex_lock(&c->buf_mu);
+    const bool keep = c->buf_n < c->buf_cap;
+    if (keep) {
+        memcpy(b, &c->buf_free, sizeof c->buf_free);
+        c->buf_free = b;
+        c->buf_n++;
+    }
+    pthread_mutex_unlock(&c->buf_mu);
+    if (!keep)
+        free(b);
+}
+
 /* ---- writes ---- */
 bool kvt__rclient_put(kvt__rclient *c, const char *key, uint8_t *val, size_t len)
 {
@@ -424,7 +509,7 @@ bool kvt__rclient_put(kvt__rclient *c, const char *key, uint8_t *val, size_t len
     pthread_mutex_unlock(&c->mu);
     if (!fits) {
         free(q);
-        free(val);
+        kvt__rclient_buf_free(c, val);
         atomic_fetch_add(&c->st_dropped, 1u);
     }
     return fits;
@@ -469,16 +554,16 @@ int kvt__rfetch_start(kvt__rclient *c, uint32_t first, uint32_t n, const uint32_
         f->key = malloc(((size_t)n + 1u) * sizeof *f->key);
         f->name = malloc((size_t)n * sizeof *f->name);
         f->nlen = malloc((size_t)n * sizeof *f->nlen);
-        f->rep = calloc(n, sizeof *f->rep);
+        f->val = calloc(n, sizeof *f->val);
         f->st = calloc(n, 1);
     }
-    if (!f || !f->ids || !f->key || !f->name || !f->nlen || !f->rep || !f->st) {
+    if (!f || !f->ids || !f->key || !f->name || !f->nlen || !f->val || !f->st) {
         if (f) {
             free(f->ids);
             free(f->key);
             free(f->name);
             free(f->nlen);
-            free(f->rep);
+            free(f->val);
             free(f->st);
         }
         free(f);
@@ -533,7 +618,7 @@ uint32_t kvt__rfetch_hits(const kvt__rfetch *f)
 
 const uint8_t *kvt__rfetch_value(const kvt__rfetch *f, uint32_t i)
 {
-    return (const uint8_t *)f->rep[i]->str;
+    return f->val[i];
 }
 
 void kvt__rfetch_account(kvt__rfetch *f, uint32_t landed)
@@ -559,14 +644,13 @@ void kvt__rfetch_free(kvt__rfetch *f)
         pthread_cond_wait(&f->cv, &c->mu);
     pthread_mutex_unlock(&c->mu);
     for (uint32_t i = 0; i < f->n; i++)
-        if (f->rep[i])
-            freeReplyObject(f->rep[i]);
+        kvt__rclient_buf_free(c, f->val[i]);
     pthread_cond_destroy(&f->cv);
     free(f->ids);
     free(f->key);
     free(f->name);
     free(f->nlen);
-    free(f->rep);
+    free(f->val);
     free(f->st);
     free(f);
 }

@@ -38,7 +38,7 @@ struct kvt__rfetch {
     kvt__rkey *key;          /* [n + 1]: key[0] = the parent of page first */
     char (*name)[KVT__RKEY_MAX];
     size_t *nlen;
-    redisReply **rep;        /* the answers kept (valid values) */
+    uint8_t **val;           /* the values kept (valid ones) */
     uint8_t *st;             /* KVT__RV_* per value */
     uint32_t given;          /* values handed to workers (under mu) */
     uint32_t done;           /* values answered (under mu) */
@@ -60,6 +60,9 @@ struct kvt__rclient {
     pthread_mutex_t mu;      /* everything below, the slot map and the node list */
     pthread_mutex_t map_mu;  /* one slot map read at a time */
     pthread_mutex_t log_mu;
+    pthread_mutex_t buf_mu;  /* the value buffers kept for reuse: */
+    void *buf_free;          /* a list through their first 8 bytes */
+    uint64_t buf_n, buf_cap;
     pthread_cond_t work, idle;
     kvt__rput *put_head, *put_tail;
     uint64_t queued_bytes;
@@ -74,6 +77,28 @@ struct kvt__rclient {
 
 /* A value's outcome. */
 enum { KVT__RV_PENDING, KVT__RV_OK, KVT__RV_MISS, KVT__RV_FAULT, KVT__RV_BAD, KVT__RV_SKIP };
+
+/* ---- rreply.c ---- */
+/* A connection's read buffer (the manual reads of GET replies). */
+typedef struct {
+    size_t at, n;
+    char b[65536];
+} kvt__rrb;
+/* A reply: REDIS_REPLY_* type; str (malloc'd) holds a value of the size
+ * asked for, or an error or status line; NULL for a bulk string of another
+ * size (drained), a nil, an integer. */
+typedef struct {
+    int type;
+    char *str;
+    size_t len;
+} kvt__rrep;
+/* Reads one reply from fd through rb; a bulk string of `want` bytes goes
+ * into dst (want bytes; out->str = dst), any other is drained (dst NULL:
+ * drained too).
+ * -1: the connection is unusable (closed, timed out, not RESP). */
+KVT__HIDDEN int kvt__rread(int fd, kvt__rrb *rb, size_t want, uint8_t *dst, kvt__rrep *out);
+/* A hiredis reply as a kvt__rrep (r freed). */
+KVT__HIDDEN void kvt__rrep_take(kvt__rrep *out, redisReply *r);
 
 /* ---- rconn.c ---- */
 KVT__HIDDEN int64_t kvt__rnow(void);

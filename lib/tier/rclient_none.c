@@ -31,6 +31,18 @@ uint32_t kvt__rclient_flags(const kvt__rclient *c)
     return 0;
 }
 
+uint8_t *kvt__rclient_buf(kvt__rclient *c)
+{
+    (void)c;
+    return NULL;
+}
+
+void kvt__rclient_buf_free(kvt__rclient *c, uint8_t *b)
+{
+    (void)c;
+    free(b);
+}
+
 bool kvt__rclient_put(kvt__rclient *c, const char *key, uint8_t *val, size_t len)
 {
     (void)c;

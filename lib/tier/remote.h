@@ -83,8 +83,15 @@ KVT__HIDDEN int kvt__rclient_create(kvt__rclient **out, const kvt_remote_opts *o
 KVT__HIDDEN void kvt__rclient_destroy(kvt__rclient *c);
 KVT__HIDDEN const kvt__rgeom *kvt__rclient_geom(const kvt__rclient *c);
 KVT__HIDDEN uint32_t kvt__rclient_flags(const kvt__rclient *c);
-/* Queues val[len] (malloc'd; the client frees it) for SET under key.
- * false: not queued (the queue is full), val freed, counted as dropped. */
+/* A buffer of one value's size (kvt__rvalue_bytes): a used one when the
+ * client keeps one (up to queue_bytes of them are kept for reuse: fresh
+ * memory costs a page fault per 4 KiB), else new; NULL when out of memory.
+ * kvt__rclient_buf_free gives it back. */
+KVT__HIDDEN uint8_t *kvt__rclient_buf(kvt__rclient *c);
+KVT__HIDDEN void kvt__rclient_buf_free(kvt__rclient *c, uint8_t *b);
+/* Queues val[len] (from kvt__rclient_buf; the client gives it back) for
+ * SET under key. false: not queued (the queue is full), val given back,
+ * counted as dropped. */
 KVT__HIDDEN bool kvt__rclient_put(kvt__rclient *c, const char *key, uint8_t *val, size_t len);
 /* Waits until the queue is empty and no write is in flight. */
 KVT__HIDDEN int kvt__rclient_flush(kvt__rclient *c, uint32_t timeout_ms);
