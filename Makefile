@@ -120,6 +120,14 @@ $(O)/config-decode.mk: Makefile $(O)/config.mk   # one apt-get at a time under -
 	$(call kvt_deps,$(DECODE_DEPS),$@,BLAS)
 $(O)/config-test.mk: Makefile $(O)/config.mk $(O)/config-decode.mk
 	$(call kvt_deps,$(TEST_DEPS),$@,CMOCKA)
+	@# The remote tier's tests start redis-server themselves (exit 77 without it).
+	@if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-benchmark >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "kvtier: installing redis-server redis-tools (the remote tier's tests)"; \
+	    (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q redis-server \
+	      redis-tools) || echo "kvtier: could not install redis-server: its tests will skip"; \
+	  else echo "kvtier: no redis-server: the remote tier's tests skip (sudo apt-get install -y redis-server redis-tools)"; fi; \
+	fi
 # hiredis, for the remote tier: optional (like nvcc). Used when pkg-config
 # finds it, installed when it can be (root and apt-get), else left out.
 $(O)/config-redis.mk: Makefile $(O)/config.mk $(O)/config-decode.mk

@@ -61,6 +61,9 @@ if env -u LD_LIBRARY_PATH ./consumer_c >/dev/null 2>&1; then
 fi
 
 cd "$top"
+# make finds its own dependencies (hiredis's include dir) with the system's
+# pkg-config: not through the installed tree's settings above.
+unset PKG_CONFIG_PATH PKG_CONFIG_SYSROOT_DIR
 $MAKE -s O="$O" uninstall DESTDIR="$dest" PREFIX=/usr LIBDIR=/usr/lib >/dev/null
 left=$(find "$dest" -type f -o -type l)
 [ -z "$left" ] || { echo "left after uninstall:"; echo "$left"; exit 1; }
