@@ -107,9 +107,13 @@ static void test_dtype_and_features(void **state)
     assert_int_equal(kvt_dtype_size(KVT_DTYPE_DEFAULT), 0);
     assert_int_equal(kvt_dtype_size(77), 0);
     uint32_t f = kvt_build_features();
-    assert_int_equal(f & ~(KVT_FEATURE_CUDA | KVT_FEATURE_NUMA | KVT_FEATURE_URING), 0);
+    assert_int_equal(f & ~(KVT_FEATURE_CUDA | KVT_FEATURE_NUMA | KVT_FEATURE_URING |
+                           KVT_FEATURE_REMOTE), 0);
 #ifdef KVT_TEST_EXPECT_CUDA
     assert_int_equal(!!(f & KVT_FEATURE_CUDA), KVT_TEST_EXPECT_CUDA);
+#endif
+#ifdef KVT_TEST_EXPECT_REDIS
+    assert_int_equal(!!(f & KVT_FEATURE_REMOTE), KVT_TEST_EXPECT_REDIS);
 #endif
 }
 

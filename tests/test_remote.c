@@ -377,6 +377,61 @@ static void test_share(void **state)
     kvt_pool_destroy(b);
 }
 
+/* KVT_REMOTE_NO_PUT: nothing is written behind; kvt_seq_remote_push writes
+ * a chosen sequence (every keyed page, the landed ones too), which another
+ * pool then lands whole. Its errors. */
+static void test_push(void **state)
+{
+    (void)state;
+    rsrv_cmd(&one, NULL, "FLUSHALL");
+    kvt_remote_opts r = ropts(one.endpoint);
+    r.flags = KVT_REMOTE_NO_PUT;
+    kvt_pool *a = rpool(&r, 256, 0);
+    conv w, x;
+    prompt(&w, SALT_A, 7 * P + 9, 12);
+    write_conv(a, &w, 7 * P + 9);
+    assert_int_equal(stats_of(a).remote_put_values, 0);
+    assert_int_equal(dbsize(&one), 0);
+    uint32_t n = 99;
+    TU_OK(kvt_seq_remote_push(a, w.id, &n));
+    assert_int_equal(n, 7);
+    TU_OK(kvt_remote_flush(a, 10000));
+    assert_int_equal(stats_of(a).remote_put_values, 7);
+    assert_int_equal(dbsize(&one), 7);
+    kvt_pool *b = rpool(&r, 256, 0); /* NO_PUT reads all the same */
+    prompt(&x, SALT_A, 7 * P + 9, 12);
+    assert_int_equal(read_conv(b, &x, 7 * P + 9), 7 * P);
+    TU_OK(kvt_seq_remote_push(b, x.id, &n)); /* landed pages go again on request */
+    assert_int_equal(n, 7);
+    conv_release(b, &x);
+    /* Errors: a released id, a pool without the tier, a loading sequence. */
+    assert_int_equal(kvt_seq_remote_push(b, x.id, &n), KVT_ENOENT);
+    assert_int_equal(n, 0);
+    kvt_pool_opts o = cache_opts(64, 0);
+    kvt_pool *c;
+    TU_OK(kvt_pool_create(&o, &c));
+    kvt_seq_id sid;
+    TU_OK(kvt_seq_create(c, NULL, &sid));
+    TU_EXPECT_ERR(kvt_seq_remote_push(c, sid, NULL), KVT_ENOTSUP, "remote");
+    TU_EXPECT_ERR(kvt_seq_remote_push(NULL, sid, NULL), KVT_EINVAL, "pool");
+    kvt_pool_destroy(c);
+    rsrv_cmd(&one, NULL, "CLIENT PAUSE 1000 ALL"); /* keeps the next fetch in flight */
+    kvt_seq_opts so;
+    kvt_seq_opts_init(&so);
+    so.salt = SALT_A;
+    so.prefix = x.ids;
+    so.n_prefix = 7 * P;
+    TU_OK(kvt_prefix_drop_all(b, NULL));
+    TU_OK(kvt_seq_create(b, &so, &x.id));
+    assert_int_equal(kvt_seq_remote_push(b, x.id, NULL), KVT_EAGAIN);
+    TU_OK(kvt_seq_release(b, x.id)); /* a loading sequence can go: its fetch is cancelled */
+    TU_CHECK(b);
+    kvt_pool_destroy(b);
+    conv_release(a, &w);
+    kvt_pool_destroy(a);
+    nap_ms(1000);
+}
+
 /* Values that fail their checks are misses: garbage, another page's value
  * under this page's key, a flipped byte. The landing stops before them. */
 static void test_damaged_values(void **state)
@@ -754,6 +809,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_opts_errors),
         cmocka_unit_test(test_share),
+        cmocka_unit_test(test_push),
         cmocka_unit_test(test_damaged_values),
         cmocka_unit_test(test_flushall),
         cmocka_unit_test(test_pause),

@@ -71,6 +71,7 @@ typedef uint32_t kvt_backend;
 #define KVT_FEATURE_CUDA    (1u << 0) /* the CUDA backend was compiled in */
 #define KVT_FEATURE_NUMA    (1u << 1) /* host tier placed with libnuma */
 #define KVT_FEATURE_URING   (1u << 2) /* io_uring disk tier (mover) */
+#define KVT_FEATURE_REMOTE  (1u << 3) /* the remote tier (hiredis; kvtier/remote.h) */
 KVT_API uint32_t kvt_build_features(void);
 
 /* ---- Tiers ------------------------------------------------------------ */

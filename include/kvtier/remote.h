@@ -48,7 +48,8 @@ extern "C" {
 #endif
 
 /* kvt_remote_opts.flags */
-#define KVT_REMOTE_NO_PUT (1u << 0) /* read only: this pool writes nothing */
+#define KVT_REMOTE_NO_PUT (1u << 0) /* no write-behind: this pool writes only what
+                                       kvt_seq_remote_push asks for */
 #define KVT_REMOTE_NO_GET (1u << 1) /* write only: kvt_seq_create asks nothing */
 
 /* One line about a remote fault or state change (no trailing newline). */
@@ -100,6 +101,16 @@ KVT_API int kvt_remote_opts_init(kvt_remote_opts *opts);
  * the landing there: what landed stays, the rest is a miss. */
 KVT_API int kvt_seq_prefix_wait(kvt_pool *pool, kvt_seq_id seq, uint32_t timeout_ms,
                                 uint32_t *prefix_tokens);
+
+/* Writes every keyed page position of the sequence to the remote tier
+ * again, whoever wrote it before (queued like the write-behind;
+ * kvt_remote_flush waits for them); also in a pool with KVT_REMOTE_NO_PUT,
+ * whose engine writes only the sequences it chooses - a finished
+ * conversation, at release. *n_values (may be NULL) = the values queued (a
+ * full queue drops the rest: kvt_stats.remote_put_dropped). KVT_ENOTSUP
+ * without a remote tier; KVT_EAGAIN while the sequence is loading;
+ * KVT_ESTATE while an open step includes it. */
+KVT_API int kvt_seq_remote_push(kvt_pool *pool, kvt_seq_id seq, uint32_t *n_values);
 
 /* Waits until every value queued for writing has been written or given up
  * (a fault), at most timeout_ms (KVT_ETIMEDOUT). KVT_ENOTSUP for a pool

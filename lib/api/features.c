@@ -2,6 +2,7 @@
  * backends and tiers it was built with). */
 #include "../core/store.h"
 #include "../backend/backend.h"
+#include "../tier/tier.h"
 
 KVT_API uint32_t kvt_build_features(void)
 {
@@ -9,5 +10,7 @@ KVT_API uint32_t kvt_build_features(void)
     if (kvt__backend_cuda.built)
         f |= KVT_FEATURE_CUDA;
     f |= KVT_FEATURE_URING; /* the disk tier's I/O (lib/tier/uring.c) */
+    if (kvt__rclient_built)
+        f |= KVT_FEATURE_REMOTE;
     return f;
 }

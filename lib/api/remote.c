@@ -183,6 +183,25 @@ KVT_API int kvt_seq_prefix_wait(kvt_pool *pool, kvt_seq_id seq, uint32_t timeout
     return 0;
 }
 
+KVT_API int kvt_seq_remote_push(kvt_pool *pool, kvt_seq_id seq, uint32_t *n_values)
+{
+    KVT__CHECK_NULL(pool);
+    if (n_values)
+        *n_values = 0;
+    kvt__seq *s;
+    int rc = kvt__seq_lookup(pool, seq, &s);
+    if (rc)
+        return rc;
+    if (!pool->remote)
+        return kvt__err(KVT_ENOTSUP, "pool: has no remote tier (kvt_pool_opts.remote)");
+    if ((rc = kvt__seq_edit_ok(pool, s, "kvt_seq_remote_push")))
+        return rc;
+    const uint32_t n = kvt__pfx_remote_push(pool, s);
+    if (n_values)
+        *n_values = n;
+    return 0;
+}
+
 KVT_API int kvt_remote_flush(kvt_pool *pool, uint32_t timeout_ms)
 {
     KVT__CHECK_NULL(pool);

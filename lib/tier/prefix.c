@@ -162,7 +162,7 @@ int kvt__pfx_ids_set(kvt_pool *p, kvt__seq *s, uint32_t first, const uint32_t *i
 /* Write-behind: page pg of s, in every (layer, head), as one value into the
  * remote tier's queue (a copy: the threads never read the pool). A page
  * that cannot be read is not written (the tier is a cache). */
-static void kvt__pfx_remote_put(const kvt_pool *p, const kvt__seq *s, uint32_t pg,
+static bool kvt__pfx_remote_put(const kvt_pool *p, const kvt__seq *s, uint32_t pg,
                                 const kvt__pent *e, kvt__rkey parent, const uint32_t *ids)
 {
     const kvt__rgeom *g = kvt__rclient_geom(p->remote);
@@ -184,7 +184,25 @@ static void kvt__pfx_remote_put(const kvt_pool *p, const kvt__seq *s, uint32_t p
     kvt__rkey_name(g, e->rk, key);
     if (v)
         kvt__rvalue_seal(g, v);
-    kvt__rclient_put(p->remote, key, v, v ? n : 0); /* (NULL: counted as dropped) */
+    return kvt__rclient_put(p->remote, key, v, v ? n : 0); /* (NULL: counted as dropped) */
+}
+
+uint32_t kvt__pfx_remote_push(kvt_pool *p, kvt__seq *s)
+{
+    kvt__pfx *x = p->pfx;
+    const struct kvt__seq_pfx *f = &s->pfx;
+    if (!p->remote || !x || f->epoch != x->epoch)
+        return 0;
+    const kvt__rgeom *g = kvt__rclient_geom(p->remote);
+    uint32_t n = 0;
+    for (uint32_t pg = 0; pg < f->n_reg; pg++) {
+        if (!kvt__pfx_valid(x, f->ent[pg]))
+            break; /* (a chain is keyed from its start: nothing after it either) */
+        const kvt__pent *e = &x->e[(uint32_t)f->ent[pg] - 1u];
+        const kvt__rkey up = pg ? x->e[(uint32_t)f->ent[pg - 1u] - 1u].rk : kvt__rkey_seed(g);
+        n += kvt__pfx_remote_put(p, s, pg, e, up, f->ids + (size_t)pg * x->P);
+    }
+    return n;
 }
 
 void kvt__pfx_register(kvt_pool *p, kvt__seq *s)

@@ -59,6 +59,9 @@ KVT__HIDDEN int kvt__pfx_ids_set(kvt_pool *p, kvt__seq *s, uint32_t first, const
                                  uint32_t n, const char *what);
 /* Indexes the pages of s that every layer holds full and whose ids are known. */
 KVT__HIDDEN void kvt__pfx_register(kvt_pool *p, kvt__seq *s);
+/* Queues the value of every keyed page position of s for the remote tier
+ * (pools with one); returns the values queued. */
+KVT__HIDDEN uint32_t kvt__pfx_remote_push(kvt_pool *p, kvt__seq *s);
 /* A fork: the child c takes s's ids, keys and entries. */
 KVT__HIDDEN int kvt__pfx_seq_fork(const kvt_pool *p, const kvt__seq *s, kvt__seq *c);
 /* A truncation of s to n tokens. */

@@ -21,6 +21,8 @@
 
 #include "rclient_int.h"
 
+const bool kvt__rclient_built = true;
+
 /* One command of a worker's batch. */
 typedef struct {
     kvt__rfetch *f;          /* a GET of value idx of f; NULL: the SET of put */

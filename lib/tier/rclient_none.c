@@ -5,6 +5,8 @@
 
 #include "tier.h"
 
+const bool kvt__rclient_built = false;
+
 int kvt__rclient_create(kvt__rclient **out, const kvt_remote_opts *o, const kvt__rgeom *g)
 {
     (void)o;

@@ -73,6 +73,9 @@ KVT__HIDDEN int kvt__rvalue_check(const kvt__rgeom *g, const uint8_t *v, size_t 
 typedef struct kvt__rclient kvt__rclient;
 typedef struct kvt__rfetch kvt__rfetch;
 
+/* Whether this build has the client (hiredis). */
+KVT__HIDDEN extern const bool kvt__rclient_built;
+
 /* Checks the options (KVT_EINVAL naming the field), copies them, reads
  * the endpoints' slot map (or finds a single node; none answering is not
  * an error: the tier retries later) and starts the threads. KVT_ENOTSUP

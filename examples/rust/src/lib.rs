@@ -830,6 +830,14 @@ impl<'a> Pool<'a> {
         check(unsafe { sys::kvt_remote_flush(self.raw.as_ptr(), timeout_ms) })
     }
 
+    /// Queues every keyed page position of `seq` for the remote tier
+    /// (`kvt_seq_remote_push`); returns the values queued.
+    pub fn seq_remote_push(&mut self, seq: SeqId) -> Result<u32> {
+        let mut n = 0u32;
+        check(unsafe { sys::kvt_seq_remote_push(self.raw.as_ptr(), seq.0, &mut n) })?;
+        Ok(n)
+    }
+
     pub fn seq_release(&mut self, seq: SeqId) -> Result<()> {
         check(unsafe { sys::kvt_seq_release(self.raw.as_ptr(), seq.0) })
     }

@@ -66,6 +66,7 @@ pub const KVT_BACKEND_CUDA: kvt_backend = 2;
 pub const KVT_FEATURE_CUDA: u32 = 1 << 0;
 pub const KVT_FEATURE_NUMA: u32 = 1 << 1;
 pub const KVT_FEATURE_URING: u32 = 1 << 2;
+pub const KVT_FEATURE_REMOTE: u32 = 1 << 3;
 
 pub type kvt_tier = u32;
 pub const KVT_TIER_DEVICE: kvt_tier = 0;
@@ -812,4 +813,5 @@ extern "C" {
         prefix_tokens: *mut u32,
     ) -> c_int;
     pub fn kvt_remote_flush(pool: *mut kvt_pool, timeout_ms: u32) -> c_int;
+    pub fn kvt_seq_remote_push(pool: *mut kvt_pool, seq: kvt_seq_id, n_values: *mut u32) -> c_int;
 }

@@ -174,6 +174,8 @@ fn flush_without_a_remote_tier_is_not_supported() {
     // prefix_wait on a sequence that is not loading returns at once.
     let ids: Vec<u32> = (0..2 * P).collect();
     let seq = pool.seq_create_with(&SeqOpts::new().prefix(&ids)).unwrap();
+    let e = pool.seq_remote_push(seq).unwrap_err();
+    assert_eq!(e.code, sys::KVT_ENOTSUP, "{e}");
     let info = pool.seq_info(seq).unwrap();
     assert_eq!((info.remote_loading, info.remote_tokens), (0, 0), "{info:?}");
     assert_eq!(pool.seq_prefix_wait(seq, 0).unwrap(), 0);
