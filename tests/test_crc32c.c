@@ -1,5 +1,7 @@
 /* CRC32C (internal helper) against a bit-at-a-time reference written from
  * the polynomial, and the published check value of "123456789". */
+#include <stdlib.h>
+
 #include "testutil.h"
 
 #include "internal.h"
@@ -47,6 +49,34 @@ static void test_random_buffers(void **state)
         }
 }
 
+/* Buffers past three 4 KiB blocks (the three-stream path of the hardware
+ * CRC): lengths around the block multiples, every alignment, split at
+ * random points, against the bitwise reference. */
+static void test_large_buffers(void **state)
+{
+    (void)state;
+    tu_rng r = {0xc0ffee};
+    const size_t cap = 3 * 3 * 4096 + 64;
+    uint8_t *buf = malloc(cap);
+    for (size_t i = 0; i < cap; i++)
+        buf[i] = (uint8_t)tu_next(&r);
+    const size_t lens[] = {3 * 4096 - 1, 3 * 4096, 3 * 4096 + 1, 3 * 4096 + 7, 6 * 4096 - 8,
+                           6 * 4096, 6 * 4096 + 13, 9 * 4096, 9 * 4096 + 40};
+    for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++)
+        for (size_t off = 0; off < 8; off++) {
+            const size_t n = lens[li];
+            const uint32_t want = ref_crc32c(0, buf + off, n);
+            assert_int_equal(kvt__crc32c(0, buf + off, n), want);
+            assert_int_equal(kvt__crc32c_sw(0, buf + off, n), want);
+            const size_t h = tu_below(&r, (uint32_t)n);
+            assert_int_equal(kvt__crc32c(kvt__crc32c(0, buf + off, h), buf + off + h, n - h),
+                             want);
+            assert_int_equal(kvt__crc32c(0x12345678u, buf + off, n),
+                             ref_crc32c(0x12345678u, buf + off, n));
+        }
+    free(buf);
+}
+
 /* A page-sized buffer: one flipped bit anywhere changes the CRC. */
 static void test_bit_flip_detected(void **state)
 {
@@ -71,6 +101,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_check_value),
         cmocka_unit_test(test_random_buffers),
+        cmocka_unit_test(test_large_buffers),
         cmocka_unit_test(test_bit_flip_detected),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -57,7 +57,8 @@ static const char *remote_usage =
     "  --head-dim N       head dimension (default 128)\n"
     "  --page N           tokens per page (default 16; a value is layers x kv-heads\n"
     "                     blocks of 2 x page x head-dim f16: 512 KiB at the defaults)\n"
-    "  --pipeline N       commands in flight per connection, both sides (default 32)\n"
+    "  --pipeline N       commands in flight per connection, both sides (default: the\n"
+    "                     tier's own, about 4 MiB of values: 8 at the defaults)\n"
     "  --connections N    connections (the tier's threads; redis-benchmark -c) (default 2)\n"
     "  --runs N           runs (default 3; medians)\n"
     "  --endpoint URL     an existing single-node server (unix:/path or\n"
@@ -79,7 +80,7 @@ typedef struct {
 
 static void remote_parse(int argc, char **argv, remote_opts_t *o)
 {
-    *o = (remote_opts_t){1024, 8, 8, 128, 16, 32, 2, 3, NULL, 0};
+    *o = (remote_opts_t){1024, 8, 8, 128, 16, 0, 2, 3, NULL, 0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         unsigned long long x = 0;
@@ -364,6 +365,12 @@ int bench_remote_main(int argc, char **argv)
         snprintf(endpoint, sizeof endpoint, "unix:%s", srv_sock);
     }
     srv_cli("flushall", NULL, 0);
+    if (!o.pipeline) { /* the tier's default (kvtier/remote.h), for both sides */
+        const double vb = 96.0 + 4.0 * o.page + 4.0 * o.page * o.head_dim * o.layers *
+                          o.kv_heads + 4.0;
+        const double d = (double)(4u << 20) / vb + 0.5;
+        o.pipeline = d < 1 ? 1u : d > 32 ? 32u : (uint32_t)d;
+    }
     const double mib = (double)o.pages * o.layers * o.kv_heads * 4.0 * o.page * o.head_dim /
                        1048576.0;
     fprintf(stderr, PROG ": %u values of %u x %u blocks (%.0f MiB), pipeline %u, %u "

@@ -76,7 +76,8 @@ typedef struct kvt_remote_opts {
     uint32_t n_connections;     /* threads, each with one connection to each
                                    node; 1..64, 0 = 2 */
     uint32_t pipeline;          /* commands in flight per connection;
-                                   1..4096, 0 = 32 */
+                                   1..4096, 0 = about 4 MiB of values
+                                   (4 MiB / a value's bytes, 1..32) */
     uint32_t ttl_s;             /* values expire after this; 0 = never (the
                                    server's eviction policy decides) */
     uint64_t queue_bytes;       /* values waiting to be written, at most; a

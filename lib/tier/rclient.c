@@ -392,7 +392,13 @@ int kvt__rclient_create(kvt__rclient **out, const kvt_remote_opts *o, const kvt_
     c->o.io_timeout_ms = o->io_timeout_ms ? o->io_timeout_ms : 1000u;
     c->o.retry_ms = o->retry_ms ? o->retry_ms : 500u;
     c->o.n_connections = o->n_connections ? o->n_connections : 2u;
-    c->o.pipeline = o->pipeline ? o->pipeline : 32u;
+    /* Depth in bytes is what matters: a worker sends a batch and reads all
+     * of it before the next, so deep batches of large values leave the
+     * server idle between them. */
+    const uint64_t vb = kvt__rvalue_bytes(g), auto_depth = ((4ull << 20) + vb / 2u) / vb;
+    c->o.pipeline = o->pipeline ? o->pipeline
+                                : (uint32_t)(auto_depth < 1u ? 1u : auto_depth > 32u ? 32u
+                                                                                    : auto_depth);
     c->o.queue_bytes = o->queue_bytes ? o->queue_bytes : 256ull << 20;
     c->cluster = -1;
     c->buf_cap = c->o.queue_bytes / kvt__rvalue_bytes(g) + 1u;

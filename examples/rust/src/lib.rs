@@ -604,7 +604,7 @@ impl RemoteOpts {
         self.raw.n_connections = n;
         self
     }
-    /// Commands in flight per connection; 1..4096, 0 = 32.
+    /// Commands in flight per connection; 1..4096, 0 = about 4 MiB of values.
     pub fn pipeline(mut self, n: u32) -> Self {
         self.raw.pipeline = n;
         self
