@@ -27,6 +27,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -432,6 +437,184 @@ static void test_push(void **state)
     nap_ms(1000);
 }
 
+/* ---- a fake node: not Redis, a script of replies ---- */
+/* Answers each command with what fake_reply says, on a unix socket or a
+ * loopback port, one connection at a time, until stopped. */
+typedef struct {
+    int lfd, port, stop;
+    char path[160];
+    pthread_t th;
+    int mode;      /* 0: GET -> MOVED to `to`; 1: GET -> a value's header, 100 bytes,
+                      close; 2: GET -> "$2000000000" then close */
+    int to;        /* MOVED's port */
+    size_t value;  /* a value's bytes */
+    _Atomic int gets;
+} fake_node;
+
+static void fake_send(int fd, const char *s)
+{
+    if (write(fd, s, strlen(s)) < 0) {
+    }
+}
+
+/* Reads one RESP command (an array of bulk strings) into cmd (first word). */
+static int fake_cmd(int fd, char *cmd, size_t cap)
+{
+    char line[256];
+    size_t n = 0;
+    int args = -1, got = 0;
+    cmd[0] = 0;
+    for (;;) {
+        char ch;
+        if (read(fd, &ch, 1) != 1)
+            return -1;
+        if (n + 1 < sizeof line)
+            line[n++] = ch;
+        if (ch != '\n')
+            continue;
+        line[n] = 0;
+        n = 0;
+        if (line[0] == '*') {
+            args = atoi(line + 1);
+        } else if (line[0] == '$') {
+            const int len = atoi(line + 1);
+            char *arg = malloc((size_t)len + 2);
+            size_t have = 0;
+            while (have < (size_t)len + 2) {
+                const ssize_t k = read(fd, arg + have, (size_t)len + 2 - have);
+                if (k <= 0) {
+                    free(arg);
+                    return -1;
+                }
+                have += (size_t)k;
+            }
+            if (got == 0)
+                snprintf(cmd, cap, "%.*s", len < 64 ? len : 64, arg);
+            free(arg);
+            if (++got == args)
+                return 0;
+        }
+    }
+}
+
+static void *fake_main(void *arg)
+{
+    fake_node *f = arg;
+    while (!f->stop) {
+        const int fd = accept(f->lfd, NULL, NULL);
+        if (fd < 0)
+            continue;
+        char cmd[80];
+        while (!f->stop && fake_cmd(fd, cmd, sizeof cmd) == 0) {
+            if (!strcasecmp(cmd, "CLUSTER")) {
+                fake_send(fd, "-ERR This instance has cluster support disabled\r\n");
+            } else if (!strcasecmp(cmd, "GET")) {
+                f->gets++;
+                char b[96];
+                if (f->mode == 0) {
+                    snprintf(b, sizeof b, "-MOVED 1234 127.0.0.1:%d\r\n", f->to);
+                    fake_send(fd, b);
+                } else if (f->mode == 1) {
+                    snprintf(b, sizeof b, "$%zu\r\n", f->value);
+                    fake_send(fd, b);
+                    char junk[100] = {0};
+                    if (write(fd, junk, sizeof junk) < 0) {
+                    }
+                    break; /* closed mid-value */
+                } else {
+                    fake_send(fd, "$2000000000\r\nshort");
+                    break;
+                }
+            } else {
+                fake_send(fd, "+OK\r\n");
+            }
+        }
+        close(fd);
+    }
+    return NULL;
+}
+
+static void fake_start(fake_node *f, const char *name, int port)
+{
+    f->stop = 0;
+    f->port = port;
+    if (port) {
+        f->lfd = socket(AF_INET, SOCK_STREAM, 0);
+        const int one_ = 1;
+        setsockopt(f->lfd, SOL_SOCKET, SO_REUSEADDR, &one_, sizeof one_);
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        assert_int_equal(bind(f->lfd, (struct sockaddr *)&a, sizeof a), 0);
+    } else {
+        snprintf(f->path, sizeof f->path, "%s/%s.sock", rsrv_dir(), name);
+        unlink(f->path);
+        f->lfd = socket(AF_UNIX, SOCK_STREAM, 0);
+        struct sockaddr_un a = {.sun_family = AF_UNIX};
+        const size_t pl = strlen(f->path);
+        assert_true(pl < sizeof a.sun_path);
+        memcpy(a.sun_path, f->path, pl + 1);
+        assert_int_equal(bind(f->lfd, (struct sockaddr *)&a, sizeof a), 0);
+    }
+    assert_int_equal(listen(f->lfd, 8), 0);
+    assert_int_equal(pthread_create(&f->th, NULL, fake_main, f), 0);
+}
+
+static void fake_stop(fake_node *f)
+{
+    f->stop = 1;
+    shutdown(f->lfd, SHUT_RDWR);
+    close(f->lfd);
+    pthread_join(f->th, NULL);
+}
+
+/* Broken and hostile replies are misses, the pool stays sound, and the
+ * tier's buffers are not handed out twice: a MOVED to a node that closes
+ * mid-value, and a node announcing a 2 GB value; the value buffers are
+ * capped at one (queue_bytes 1), so a buffer given back twice would be
+ * freed while listed and reused (AddressSanitizer's use after free). */
+static void test_broken_replies(void **state)
+{
+    (void)state;
+    const int port = 24000 + (int)(getpid() % 3000);
+    fake_node a = {.mode = 0, .to = port}, b = {.mode = 1};
+    kvt_remote_opts r = ropts("");
+    r.queue_bytes = 1;
+    r.retry_ms = 1; /* (the broken nodes are tried again at once) */
+    kvt_pool_opts o = cache_opts(512, 0);
+    b.value = 96 + 4 * P + NLH * 2 * P * D * 2 + 4;
+    fake_start(&b, NULL, port);
+    fake_start(&a, "fake-a", 0);
+    char ep[200];
+    snprintf(ep, sizeof ep, "unix:%s", a.path);
+    r.endpoints = ep;
+    o.remote = &r;
+    kvt_pool *p;
+    TU_OK(kvt_pool_create(&o, &p));
+    for (int round = 0; round < 3; round++) {
+        conv x;
+        prompt(&x, SALT_A, 6 * P, 14);
+        assert_int_equal(read_conv(p, &x, 6 * P), 0); /* MOVED, then a cut value */
+        conv_append(p, &x, 6 * P);
+        conv_verify(p, &x);
+        conv_release(p, &x);
+        TU_OK(kvt_prefix_drop_all(p, NULL));
+    }
+    assert_true(stats_of(p).remote_errors >= 1);
+    assert_true(stats_of(p).remote_redirects >= 1);
+    assert_true(b.gets >= 1);
+    b.mode = 2; /* now a 2 GB value, cut short */
+    for (int round = 0; round < 2; round++) {
+        conv x;
+        prompt(&x, SALT_A, 6 * P, 15);
+        assert_int_equal(read_conv(p, &x, 6 * P), 0);
+        conv_release(p, &x);
+    }
+    TU_CHECK(p);
+    kvt_pool_destroy(p);
+    fake_stop(&a);
+    fake_stop(&b);
+}
+
 /* Values that fail their checks are misses: garbage, another page's value
  * under this page's key, a flipped byte. The landing stops before them. */
 static void test_damaged_values(void **state)
@@ -810,6 +993,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_opts_errors),
         cmocka_unit_test(test_share),
         cmocka_unit_test(test_push),
+        cmocka_unit_test(test_broken_replies),
         cmocka_unit_test(test_damaged_values),
         cmocka_unit_test(test_flushall),
         cmocka_unit_test(test_pause),

@@ -94,7 +94,8 @@ KVT_API int kvt_remote_opts_init(kvt_remote_opts *opts);
 
 /* Lands the remote pages of a loading sequence. timeout_ms: how long to
  * wait for the answers (0 = do not wait: KVT_EAGAIN while they are not all
- * in; UINT32_MAX = until they are, which the io timeout bounds). On 0,
+ * in; UINT32_MAX = until they are: each reply is bounded by the io
+ * timeout, a server answering slowly but steadily is waited for). On 0,
  * *prefix_tokens (may be NULL) = the sequence's prefix_tokens: the tokens
  * attached from the local tiers and landed from the remote one; the
  * sequence is no longer loading. A sequence that is not loading returns 0

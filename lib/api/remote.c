@@ -102,8 +102,9 @@ void kvt__remote_fetch(kvt_pool *p, kvt__seq *s)
  * KVT__LAND_PAGES pages at a time, each layer in turn; the pages are keyed
  * by the appends (their ids are s's since creation) and not written back.
  * A failed append ends the landing at the last whole chunk. */
-static void kvt__remote_land(kvt_pool *p, kvt__seq *s, kvt_seq_id id)
+static int kvt__remote_land(kvt_pool *p, kvt__seq *s, kvt_seq_id id)
 {
+    int lost = 0;
     kvt__rfetch *rf = s->tier.rfetch;
     s->tier.rfetch = NULL; /* from here on the sequence is not loading */
     struct kvt__seq_pfx *f = &s->pfx;
@@ -118,6 +119,16 @@ static void kvt__remote_land(kvt_pool *p, kvt__seq *s, kvt_seq_id id)
     f->rhave = base + h;
     for (uint32_t c0 = 0; c0 < h && !rc; c0 += KVT__LAND_PAGES) {
         const uint32_t cnt = h - c0 < KVT__LAND_PAGES ? h - c0 : KVT__LAND_PAGES;
+        /* Room for the whole chunk in every layer first (as if no page left
+         * the device tier), so that no append fails halfway through it. */
+        const uint64_t need = (uint64_t)cnt * L * H + (uint64_t)L * H;
+        kvt__pfx_make_room(p, KVT_TIER_DEVICE, need);
+        kvt__pfx_make_room(p, KVT_NUM_TIERS, need);
+        if (p->tier[KVT_TIER_DEVICE].n_free < need || p->meta.n_free < need) {
+            rc = kvt__err(KVT_ENOSPC, "the device tier or the metadata store has no room for "
+                          "%llu more pages", (unsigned long long)need);
+            break;
+        }
         for (uint32_t l = 0; l < L && !rc; l++) {
             for (uint32_t i = 0; i < cnt; i++) {
                 uint8_t *val = (uint8_t *)kvt__rfetch_value(rf, c0 + i);
@@ -144,11 +155,17 @@ static void kvt__remote_land(kvt_pool *p, kvt__seq *s, kvt_seq_id id)
         uint32_t *ids = malloc((size_t)n_ids * sizeof *ids);
         if (ids)
             memcpy(ids, f->ids, (size_t)n_ids * sizeof *ids);
-        kvt_seq_truncate(p, id, cut);
-        if (ids && n_ids > cut)
+        int rt = 0;
+        for (uint32_t l = 0; l < L && !rt; l++)
+            rt = s->n_tokens[l] != cut;
+        if (rt && (rt = kvt_seq_truncate(p, id, cut))) /* (layers of differing lengths) */
+            kvt__rclient_log(p->remote, "kvtier remote: the landing could not be undone: %s",
+                             kvt_last_error());
+        if (!rt && ids && n_ids > cut)
             kvt__pfx_ids_set(p, s, cut, ids + cut, n_ids - cut, "ids");
         free(ids);
         kvt_clear_error();
+        lost = rt;
     }
     kvt__rows_stage_fini(p, &stage);
     free(kb);
@@ -162,6 +179,8 @@ static void kvt__remote_land(kvt_pool *p, kvt__seq *s, kvt_seq_id id)
     x->hit_pages += (uint64_t)landed * L * H;
     kvt__rfetch_account(rf, landed);
     kvt__rfetch_free(rf);
+    return lost ? kvt__err(KVT_ENOSPC, "seq: a failed landing left its layers at different "
+                           "lengths (release the sequence)") : 0;
 }
 
 KVT_API int kvt_seq_prefix_wait(kvt_pool *pool, kvt_seq_id seq, uint32_t timeout_ms,
@@ -176,7 +195,8 @@ KVT_API int kvt_seq_prefix_wait(kvt_pool *pool, kvt_seq_id seq, uint32_t timeout
         if (kvt__rfetch_wait(s->tier.rfetch, timeout_ms))
             return kvt__err(KVT_EAGAIN, "seq: its remote pages are still on their way after "
                             "%u ms", timeout_ms);
-        kvt__remote_land(pool, s, seq);
+        if ((rc = kvt__remote_land(pool, s, seq)))
+            return rc;
     }
     if (prefix_tokens)
         *prefix_tokens = s->pfx.matched;

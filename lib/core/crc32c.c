@@ -4,6 +4,7 @@
  * machines without it use slicing-by-8 tables
  * built once (a pure function of the polynomial, so the race to build them
  * is benign and the result identical). */
+#include <pthread.h>
 #include <string.h>
 
 #include "base.h"
@@ -63,11 +64,10 @@ uint32_t kvt__crc32c_sw(uint32_t crc, const void *buf, size_t n)
  * register carried over the next n bytes is M^(8n) applied to it, and
  * crc(x, A|B) = M^|B| crc(x, A) ^ crc(0, B). kvt__crc_shift applies M^(8 x
  * KVT__CRC_BLK) with four byte tables, built once from the instruction
- * itself (a pure function of the polynomial: the race to build them is
- * benign). Buffers shorter than three blocks take one stream. */
+ * itself, once. Buffers shorter than three blocks take one stream. */
 #define KVT__CRC_BLK 4096u
 static uint32_t kvt__crc_shift_tab[4][256];
-static _Atomic int kvt__crc_shift_ready = 0;
+static pthread_once_t kvt__crc_shift_once = PTHREAD_ONCE_INIT;
 
 __attribute__((target("sse4.2"))) static uint32_t kvt__crc_zeros(uint32_t c, size_t n)
 {
@@ -82,7 +82,6 @@ __attribute__((target("sse4.2"))) static void kvt__crc_shift_build(void)
     for (uint32_t k = 0; k < 4; k++)
         for (uint32_t v = 0; v < 256; v++)
             kvt__crc_shift_tab[k][v] = kvt__crc_zeros(v << (8u * k), KVT__CRC_BLK);
-    kvt__crc_shift_ready = 1;
 }
 
 static inline uint32_t kvt__crc_shift(uint32_t c)
@@ -100,8 +99,8 @@ __attribute__((target("sse4.2"))) static uint32_t kvt__crc32c_hw(uint32_t crc, c
         c = __builtin_ia32_crc32qi((uint32_t)c, *p++);
         n--;
     }
-    if (n >= 3u * KVT__CRC_BLK && !kvt__crc_shift_ready)
-        kvt__crc_shift_build();
+    if (n >= 3u * KVT__CRC_BLK)
+        pthread_once(&kvt__crc_shift_once, kvt__crc_shift_build);
     while (n >= 3u * KVT__CRC_BLK) {
         uint64_t c1 = 0, c2 = 0;
         for (size_t i = 0; i < KVT__CRC_BLK; i += 8) {

@@ -314,6 +314,7 @@ void kvt__pfx_seq_cut(const kvt_pool *p, kvt__seq *s, uint32_t n)
     f->n_ids = f->n_ids < n ? f->n_ids : n;
     const uint32_t full = n / p->g.page_tokens, kept = f->n_ids / p->g.page_tokens;
     f->n_reg = f->n_reg < full ? f->n_reg : full;
+    f->rhave = f->rhave < full ? f->rhave : full; /* pages keyed again are new here */
     f->n_key = f->n_key < kept ? f->n_key : kept;
     for (uint32_t pg = full; f->ent && pg < f->cap_ids / p->g.page_tokens; pg++)
         f->ent[pg] = 0;

@@ -95,24 +95,27 @@ static int kvt__rflush(redisContext *r)
     return 0;
 }
 
-/* The next reply on node's connection: a GET's read here, a SET's (and
- * ASKING's, for a SET) by hiredis. */
+/* The next reply on node's connection, read here for GET, SET and ASKING
+ * alike (hiredis's reader allocates whatever sizes a server announces; this
+ * one keeps only a value of the expected size, in a buffer of the client's).
+ * -1: the connection is unusable; *rep is then empty. */
 static int kvt__rreply(kvt__rworker *w, uint32_t node, const kvt__rop *op, kvt__rrep *rep)
 {
     redisContext *r = w->conn[node];
-    if (op->f) {
-        uint8_t *dst = kvt__rclient_buf(w->c);
-        const int rc = kvt__rflush(r) ||
-                       kvt__rread(r->fd, w->rb[node], kvt__rvalue_bytes(&w->c->g), dst, rep);
-        if (rc || rep->str != (char *)dst)
-            kvt__rclient_buf_free(w->c, dst);
-        return rc;
+    uint8_t *dst = op->f ? kvt__rclient_buf(w->c) : NULL;
+    int rc = kvt__rflush(r);
+    if (!rc)
+        rc = kvt__rread(r->fd, w->rb[node], op->f ? kvt__rvalue_bytes(&w->c->g) : 0, dst, rep);
+    else
+        memset(rep, 0, sizeof *rep);
+    if (rc || rep->str != (char *)dst)
+        kvt__rclient_buf_free(w->c, dst);
+    if (rc) {
+        if (rep->str != (char *)dst)
+            free(rep->str);
+        memset(rep, 0, sizeof *rep);
     }
-    redisReply *x = NULL;
-    if (redisGetReply(r, (void **)&x) != REDIS_OK)
-        return -1;
-    kvt__rrep_take(rep, x);
-    return 0;
+    return rc;
 }
 
 /* The outcome of a command's reply (its value kept, or freed here). */
@@ -182,6 +185,7 @@ static void kvt__rdone(kvt__rworker *w, kvt__rop *op, kvt__rrep *rep, int st)
  * here). 0 and the final reply, or -1 (a fault). */
 static int kvt__rredirect(kvt__rworker *w, kvt__rop *op, char *err, kvt__rrep *rep)
 {
+    uint32_t from = (uint32_t)op->node;
     kvt__rclient *c = w->c;
     memset(rep, 0, sizeof *rep);
     rep->type = REDIS_REPLY_ERROR;
@@ -190,15 +194,25 @@ static int kvt__rredirect(kvt__rworker *w, kvt__rop *op, char *err, kvt__rrep *r
         const bool moved = !strncmp(rep->str, "MOVED ", 6), ask = !strncmp(rep->str, "ASK ", 4);
         if (!moved && !ask)
             return 0;
-        unsigned slot = 0;
+        /* "MOVED slot host:port" (host may be an IPv6 address, or empty:
+         * the node that answered) */
+        char *end = NULL;
+        const unsigned long slot = strtoul(rep->str + (moved ? 6 : 4), &end, 10);
+        const char *hp = end && *end == ' ' ? end + 1 : NULL, *colon = hp ? strrchr(hp, ':') : NULL;
+        const long port = colon ? strtol(colon + 1, &end, 10) : 0;
         char host[256];
-        int port = 0;
-        if (sscanf(rep->str + (moved ? 6 : 4), "%u %255[^:]:%d", &slot, host, &port) != 3 ||
-            slot >= KVT__RSLOTS)
+        const size_t hl = colon ? (size_t)(colon - hp) : 0;
+        if (!colon || *end || port < 1 || port > 65535 || slot >= KVT__RSLOTS || hl >= sizeof host)
             return 0;
+        if (hl) {
+            memcpy(host, hp, hl);
+            host[hl] = 0;
+        } else {
+            snprintf(host, sizeof host, "%s", c->node[from].host);
+        }
         atomic_fetch_add(&c->st_redirects, 1u);
         pthread_mutex_lock(&c->mu);
-        const int node = kvt__rnode_find(c, host, strlen(host), port);
+        const int node = kvt__rnode_find(c, host, strlen(host), (int)port);
         if (moved && node >= 0)
             c->slot[slot] = (uint16_t)node;
         pthread_mutex_unlock(&c->mu);
@@ -217,6 +231,7 @@ static int kvt__rredirect(kvt__rworker *w, kvt__rop *op, char *err, kvt__rrep *r
             return -1;
         }
         kvt__rnode_ok(c, (uint32_t)node);
+        from = (uint32_t)node;
     }
     return 0;
 }
@@ -244,6 +259,8 @@ static void kvt__rbatch(kvt__rworker *w, kvt__rop *ops, uint32_t n)
         if (!seen)
             used[n_used++] = (uint32_t)node;
     }
+    for (uint32_t u = 0; u < n_used; u++) /* every node gets its commands first */
+        (void)kvt__rflush(w->conn[used[u]]); /* (a failure: the node's first read says so) */
     for (uint32_t u = 0; u < n_used; u++) {
         const uint32_t node = used[u];
         bool lost = false;

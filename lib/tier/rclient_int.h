@@ -97,8 +97,6 @@ typedef struct {
  * drained too).
  * -1: the connection is unusable (closed, timed out, not RESP). */
 KVT__HIDDEN int kvt__rread(int fd, kvt__rrb *rb, size_t want, uint8_t *dst, kvt__rrep *out);
-/* A hiredis reply as a kvt__rrep (r freed). */
-KVT__HIDDEN void kvt__rrep_take(kvt__rrep *out, redisReply *r);
 
 /* ---- rconn.c ---- */
 KVT__HIDDEN int64_t kvt__rnow(void);

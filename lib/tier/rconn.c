@@ -151,13 +151,20 @@ void kvt__rmap_read(kvt__rclient *c)
             continue;
         }
         kvt__rnode_ok(c, i);
+        if (m->type == REDIS_REPLY_ERROR && !strstr(m->str, "cluster support disabled")) {
+            /* NOPERM, LOADING, CLUSTERDOWN...: this node cannot say; the next may */
+            char why[200];
+            snprintf(why, sizeof why, "CLUSTER SLOTS: %s", m->str);
+            freeReplyObject(m);
+            redisFree(r);
+            kvt__rnode_fault(c, i, why);
+            continue;
+        }
+        char nm[300];
+        int was, now_mode;
         pthread_mutex_lock(&c->mu);
+        was = c->cluster;
         if (m->type == REDIS_REPLY_ERROR) { /* cluster support disabled: one node */
-            if (c->cluster != 0) {
-                char nm[300];
-                kvt__rclient_log(c, "kvtier remote: %s is a single node (%s)",
-                                 kvt__rnode_name(&c->node[i], nm, sizeof nm), m->str);
-            }
             c->cluster = 0;
             for (uint32_t s = 0; s < KVT__RSLOTS; s++)
                 c->slot[s] = (uint16_t)i;
@@ -174,20 +181,26 @@ void kvt__rmap_read(kvt__rclient *c)
                     x->element[2]->element[1]->type != REDIS_REPLY_INTEGER)
                     continue;
                 const redisReply *h = x->element[2]->element[0];
+                const long long port = x->element[2]->element[1]->integer;
+                if (port < 1 || port > 65535) /* (port 0 would name a unix socket) */
+                    continue;
                 /* An empty address means "the node you asked". */
-                const int node = h->len ? kvt__rnode_find(c, h->str, h->len,
-                                                          (int)x->element[2]->element[1]->integer)
-                                        : (int)i;
+                const int node = h->len ? kvt__rnode_find(c, h->str, h->len, (int)port) : (int)i;
                 const long long lo = x->element[0]->integer, hi = x->element[1]->integer;
                 for (long long s = lo; node >= 0 && s <= hi && s >= 0 && s < KVT__RSLOTS; s++)
                     c->slot[s] = (uint16_t)node;
             }
-            if (c->cluster != 1)
-                kvt__rclient_log(c, "kvtier remote: a cluster of %u known nodes",
-                                 atomic_load(&c->n_node));
             c->cluster = 1;
         }
+        now_mode = c->cluster;
+        const uint32_t n_known = atomic_load(&c->n_node);
         pthread_mutex_unlock(&c->mu);
+        /* (logged outside mu: the callback may take its time) */
+        if (now_mode == 0 && was != 0)
+            kvt__rclient_log(c, "kvtier remote: %s is a single node (%s)",
+                             kvt__rnode_name(&c->node[i], nm, sizeof nm), m->str);
+        if (now_mode == 1 && was != 1)
+            kvt__rclient_log(c, "kvtier remote: a cluster of %u known nodes", n_known);
         freeReplyObject(m);
         redisFree(r);
         break;

@@ -1,14 +1,17 @@
-/* The remote tier's replies (lib/tier/rclient_int.h). hiredis reads a
- * reply 16 KiB at a time into its own buffer and copies it twice more
- * before the caller sees it; a GET of a value is the tier's hot path, so
- * its replies are read here from the connection's socket: the header line
- * through a small buffer, the value itself with large recv(2) calls
- * straight into its final buffer, whose size the reader knows (a value's
- * size follows from the geometry; any other size is drained, never
- * allocated) and which is a used one where the client has one. The SET replies and everything else go through hiredis, on
- * the same connections: a batch's replies are read completely, by one or
- * the other, so neither finds the other's bytes in its buffer. The
- * socket's receive timeout (hiredis's redisSetTimeout) bounds every read. */
+/* The remote tier's replies (lib/tier/rclient_int.h), read here from the
+ * connection's socket rather than by hiredis: hiredis 0.14 reads a reply 16
+ * KiB at a time into its own buffer, copies it twice more before the caller
+ * sees it, and allocates whatever size or element count a server
+ * announces. Replies to GET, SET and ASKING (the commands the workers
+ * pipeline) are a line, or a bulk string: the line goes through a small
+ * buffer, a value with large recv(2) calls straight into its final buffer,
+ * whose size the reader knows (a value's size follows from the geometry;
+ * any other bulk is drained, never allocated), a used one where the client
+ * has one. hiredis keeps the connection set-up (connect, AUTH) and CLUSTER
+ * SLOTS, before any pipelined command, and the commands' encoding and
+ * writes. The socket's receive timeout (hiredis's redisSetTimeout) bounds
+ * every read (each one: a server answering slowly but steadily is not cut
+ * off). */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -123,6 +126,8 @@ int kvt__rread(int fd, kvt__rrb *rb, size_t want, uint8_t *dst, kvt__rrep *out)
                 return -1;
         } else if (kvt__rbytes(fd, rb, NULL, (size_t)n)) { /* not a value: drained */
             return -1;
+        } else if ((size_t)n == want && want) { /* no buffer for it (out of memory) */
+            out->type = REDIS_REPLY_NIL; /* a miss, not a damaged value */
         }
         return kvt__rbytes(fd, rb, crlf, 2) || crlf[0] != '\r' || crlf[1] != '\n' ? -1 : 0;
     }
@@ -137,17 +142,4 @@ int kvt__rread(int fd, kvt__rrb *rb, size_t want, uint8_t *dst, kvt__rrep *out)
     default:
         return -1; /* arrays or garbage: not a reply to GET, ASKING or SET */
     }
-}
-
-void kvt__rrep_take(kvt__rrep *out, redisReply *r)
-{
-    memset(out, 0, sizeof *out);
-    if (!r)
-        return;
-    out->type = r->type;
-    if (r->type == REDIS_REPLY_ERROR || r->type == REDIS_REPLY_STATUS) {
-        out->str = strdup(r->str);
-        out->len = out->str ? r->len : 0;
-    }
-    freeReplyObject(r);
 }
