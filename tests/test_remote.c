@@ -441,11 +441,12 @@ static void test_push(void **state)
 /* Answers each command with what fake_reply says, on a unix socket or a
  * loopback port, one connection at a time, until stopped. */
 typedef struct {
-    int lfd, port, stop;
+    int lfd, port;
+    _Atomic int stop;
     char path[160];
     pthread_t th;
-    int mode;      /* 0: GET -> MOVED to `to`; 1: GET -> a value's header, 100 bytes,
-                      close; 2: GET -> "$2000000000" then close */
+    _Atomic int mode; /* 0: GET -> MOVED to `to`; 1: GET -> a value's header, 100 bytes,
+                         close; 2: GET -> "$2000000000" then close */
     int to;        /* MOVED's port */
     size_t value;  /* a value's bytes */
     _Atomic int gets;
@@ -453,7 +454,7 @@ typedef struct {
 
 static void fake_send(int fd, const char *s)
 {
-    if (write(fd, s, strlen(s)) < 0) {
+    if (send(fd, s, strlen(s), MSG_NOSIGNAL) < 0) { /* (a client gone: no SIGPIPE) */
     }
 }
 
@@ -518,7 +519,7 @@ static void *fake_main(void *arg)
                     snprintf(b, sizeof b, "$%zu\r\n", f->value);
                     fake_send(fd, b);
                     char junk[100] = {0};
-                    if (write(fd, junk, sizeof junk) < 0) {
+                    if (send(fd, junk, sizeof junk, MSG_NOSIGNAL) < 0) {
                     }
                     break; /* closed mid-value */
                 } else {
