@@ -848,6 +848,8 @@ static void test_node_down(void **state)
     kvt_pool_destroy(b);
 }
 
+static const char *self_exe; /* this program: argv[0] */
+
 /* The writer of share_across_processes, in a process of its own (this
  * program run again with --writer): exit 0 when every value was written. */
 static int writer_main(const char *endpoint, uint32_t n_pages, uint32_t seed)
@@ -876,7 +878,8 @@ static void share_across_processes(const char *endpoint, uint32_t n_pages, uint3
     const pid_t pid = fork();
     assert_true(pid >= 0);
     if (pid == 0) {
-        execl("/proc/self/exe", "test_remote", "--writer", endpoint, np, sd, (char *)NULL);
+        /* argv[0], not /proc/self/exe: under valgrind that is valgrind's tool */
+        execl(self_exe, self_exe, "--writer", endpoint, np, sd, (char *)NULL);
         _exit(127);
     }
     int st = 0;
@@ -983,6 +986,7 @@ static void test_cluster(void **state)
 int main(int argc, char **argv)
 {
 #if KVT_TEST_EXPECT_REDIS
+    self_exe = argv[0];
     if (argc == 5 && !strcmp(argv[1], "--writer"))
         return writer_main(argv[2], (uint32_t)atoi(argv[3]), (uint32_t)atoi(argv[4]));
     if (!rsrv_installed()) {
