@@ -7,7 +7,8 @@
  * P token ids of a full page, in every layer and KV head) becomes one
  * value, written once, when the position is first keyed in this pool
  * (write-behind: the caller's thread copies the page's blocks into a
- * bounded queue; the remote tier's own threads send them). A value is
+ * bounded queue; the remote tier's own threads send them), and again when
+ * kvt_seq_remote_push asks (with KVT_REMOTE_NO_PUT, only then). A value is
  * self-describing and CRC32C-checked (kvtier-remote(5)); its key names the
  * namespace (key_prefix, a hash of the model fingerprint, the geometry and
  * the dtype) and a 128-bit chained hash of the salt and every token id up
@@ -17,8 +18,9 @@
  * What comes back: kvt_seq_create with a prefix first attaches what the
  * local tiers have; if the prefix has more whole pages, the remote tier is
  * asked for them (pipelined GETs, several connections) and the call
- * returns. The sequence is *loading* until the answers are in: a step,
- * append, fork, truncate, save or kvt_seq_tokens_set on it is KVT_EAGAIN.
+ * returns. The sequence is *loading* until kvt_seq_prefix_wait has landed
+ * the answers: a step, append, fork, truncate, save, warm-up, push or
+ * kvt_seq_tokens_set on it is KVT_EAGAIN (its length is not known yet).
  * kvt_seq_prefix_wait lands what arrived - the longest run of valid values
  * that continues the local match, appended as the engine's prefill would
  * be and keyed in the local prefix cache - and reports the sequence's
