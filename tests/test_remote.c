@@ -437,6 +437,30 @@ static void test_push(void **state)
     nap_ms(1000);
 }
 
+/* A reader whose device tier holds 5 pages in every layer and head lands
+ * 5 of 10 (in a chunk cut to the room), keeps them exact, reports no
+ * error, and counts the other 5 as misses. */
+static void test_land_room(void **state)
+{
+    (void)state;
+    rsrv_cmd(&one, NULL, "FLUSHALL");
+    kvt_remote_opts r = ropts(one.endpoint);
+    kvt_pool *a = rpool(&r, 256, 0), *b = rpool(&r, 5 * NLH + 1, 0);
+    conv w, x;
+    prompt(&w, SALT_A, 10 * P, 16);
+    write_conv(a, &w, 10 * P);
+    prompt(&x, SALT_A, 10 * P, 16);
+    log_reset();
+    assert_int_equal(read_conv(b, &x, 10 * P), 5 * P);
+    assert_int_equal(stats_of(b).remote_hit_values, 5);
+    assert_int_equal(stats_of(b).remote_miss_values, 5);
+    assert_true(log_has("5 of 10 values landed"));
+    conv_release(b, &x);
+    conv_release(a, &w);
+    kvt_pool_destroy(a);
+    kvt_pool_destroy(b);
+}
+
 /* ---- a fake node: not Redis, a script of replies ---- */
 /* Answers each command with what fake_reply says, on a unix socket or a
  * loopback port, one connection at a time, until stopped. */
@@ -999,6 +1023,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_share),
         cmocka_unit_test(test_push),
         cmocka_unit_test(test_broken_replies),
+        cmocka_unit_test(test_land_room),
         cmocka_unit_test(test_damaged_values),
         cmocka_unit_test(test_flushall),
         cmocka_unit_test(test_pause),

@@ -117,16 +117,20 @@ static int kvt__remote_land(kvt_pool *p, kvt__seq *s, kvt_seq_id id)
     uint32_t landed = 0;
     int rc = h && (!kb || !vb) ? kvt__err(KVT_ENOMEM, "cannot allocate the landing buffers") : 0;
     f->rhave = base + h;
-    for (uint32_t c0 = 0; c0 < h && !rc; c0 += KVT__LAND_PAGES) {
-        const uint32_t cnt = h - c0 < KVT__LAND_PAGES ? h - c0 : KVT__LAND_PAGES;
-        /* Room for the whole chunk in every layer first (as if no page left
-         * the device tier), so that no append fails halfway through it. */
-        const uint64_t need = (uint64_t)cnt * L * H + (uint64_t)L * H;
-        kvt__pfx_make_room(p, KVT_TIER_DEVICE, need);
-        kvt__pfx_make_room(p, KVT_NUM_TIERS, need);
-        if (p->tier[KVT_TIER_DEVICE].n_free < need || p->meta.n_free < need) {
+    for (uint32_t c0 = 0, cnt; c0 < h && !rc; c0 += cnt) {
+        cnt = h - c0 < KVT__LAND_PAGES ? h - c0 : KVT__LAND_PAGES;
+        /* Room for the chunk in every layer first (as if no page left the
+         * device tier), so that no append fails halfway through it; a
+         * smaller chunk when the room is short. */
+        const uint64_t lh = (uint64_t)L * H;
+        kvt__pfx_make_room(p, KVT_TIER_DEVICE, cnt * lh);
+        kvt__pfx_make_room(p, KVT_NUM_TIERS, cnt * lh);
+        uint64_t room = p->tier[KVT_TIER_DEVICE].n_free;
+        room = p->meta.n_free < room ? p->meta.n_free : room;
+        cnt = room / lh < cnt ? (uint32_t)(room / lh) : cnt;
+        if (!cnt) {
             rc = kvt__err(KVT_ENOSPC, "the device tier or the metadata store has no room for "
-                          "%llu more pages", (unsigned long long)need);
+                          "a page in every layer and KV head");
             break;
         }
         for (uint32_t l = 0; l < L && !rc; l++) {
