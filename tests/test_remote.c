@@ -97,6 +97,7 @@ static kvt_remote_opts ropts(const char *endpoints)
     return r;
 }
 
+#if KVT_TEST_EXPECT_REDIS
 static kvt_pool *rpool(const kvt_remote_opts *r, uint32_t dev, uint32_t host)
 {
     kvt_pool_opts o = cache_opts(dev, host);
@@ -105,6 +106,7 @@ static kvt_pool *rpool(const kvt_remote_opts *r, uint32_t dev, uint32_t host)
     TU_OK(kvt_pool_create(&o, &p));
     return p;
 }
+#endif
 
 /* Bad options: each field named; nothing created. */
 static void test_opts_errors(void **state)
