@@ -138,6 +138,24 @@ static void test_opts_errors(void **state)
     r.struct_size = 8;
     TU_EXPECT_ERR(kvt_pool_create(&o, &p), KVT_EINVAL, "opts->remote");
     assert_null(p);
+    /* NULL arguments and unknown ids of the remote calls. */
+    TU_EXPECT_ERR(kvt_remote_opts_init(NULL), KVT_EINVAL, "opts");
+    TU_EXPECT_ERR(kvt_remote_flush(NULL, 0), KVT_EINVAL, "pool");
+    TU_EXPECT_ERR(kvt_seq_prefix_wait(NULL, 1, 0, NULL), KVT_EINVAL, "pool");
+    TU_EXPECT_ERR(kvt_seq_remote_push(NULL, 1, NULL), KVT_EINVAL, "pool");
+    {
+        kvt_pool_opts lo = cache_opts(64, 0);
+        kvt_pool *lp;
+        TU_OK(kvt_pool_create(&lo, &lp));
+        kvt_seq_id sid;
+        TU_OK(kvt_seq_create(lp, NULL, &sid));
+        uint32_t have = 7;
+        TU_OK(kvt_seq_prefix_wait(lp, sid, 0, &have)); /* not loading: at once */
+        assert_int_equal(have, 0);
+        TU_OK(kvt_seq_release(lp, sid));
+        assert_int_equal(kvt_seq_prefix_wait(lp, sid, 0, &have), KVT_ENOENT);
+        kvt_pool_destroy(lp);
+    }
 #if KVT_TEST_EXPECT_REDIS
     const char *bad[] = {"redis://", "redis://host:0", "redis://host:70000", "redis://u:p@h:1",
                          "unix:", "host:12x", ","};

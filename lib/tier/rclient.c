@@ -568,6 +568,20 @@ int kvt__rclient_flush(kvt__rclient *c, uint32_t timeout_ms)
 }
 
 /* ---- fetches ---- */
+/* Frees f and its arrays (any of them may be NULL; f too). */
+static void kvt__rfetch_arrays_free(kvt__rfetch *f)
+{
+    if (!f)
+        return;
+    free(f->ids);
+    free(f->key);
+    free(f->name);
+    free(f->nlen);
+    free(f->val);
+    free(f->st);
+    free(f);
+}
+
 int kvt__rfetch_start(kvt__rclient *c, uint32_t first, uint32_t n, const uint32_t *ids,
                       uint64_t salt, kvt__rkey parent, kvt__rfetch **out)
 {
@@ -583,15 +597,7 @@ int kvt__rfetch_start(kvt__rclient *c, uint32_t first, uint32_t n, const uint32_
         f->st = calloc(n, 1);
     }
     if (!f || !f->ids || !f->key || !f->name || !f->nlen || !f->val || !f->st) {
-        if (f) {
-            free(f->ids);
-            free(f->key);
-            free(f->name);
-            free(f->nlen);
-            free(f->val);
-            free(f->st);
-        }
-        free(f);
+        kvt__rfetch_arrays_free(f);
         return kvt__err(KVT_ENOMEM, "remote: cannot allocate a fetch of %u values", n);
     }
     f->c = c;
@@ -671,13 +677,7 @@ void kvt__rfetch_free(kvt__rfetch *f)
     for (uint32_t i = 0; i < f->n; i++)
         kvt__rclient_buf_free(c, f->val[i]);
     pthread_cond_destroy(&f->cv);
-    free(f->ids);
-    free(f->key);
-    free(f->name);
-    free(f->nlen);
-    free(f->val);
-    free(f->st);
-    free(f);
+    kvt__rfetch_arrays_free(f);
 }
 
 void kvt__rclient_stats(kvt__rclient *c, kvt__rstats *s)
