@@ -65,9 +65,14 @@ kvt_geometry pgeom(void)
 kvt_policy *policy_of(const pheads *ph)
 {
     kvt_geometry g = pgeom();
-    kvt_policy_heads hd = {sizeof hd, NLH, ph->cls, ph->k, ph->w, ph->sink, ph->local, ph->iv};
+    kvt_policy_heads hd = {sizeof hd, NLH, ph->cls, ph->k, ph->w, ph->sink, ph->local, ph->iv, NULL};
+    /* The interval alone: these tests' model reranks on the schedule (the
+     * selection cache has its own tests, tests/test_select.c). */
+    kvt_policy_opts o;
+    kvt_policy_opts_init(&o);
+    o.rerank_similarity = -1.0f;
     kvt_policy *pol;
-    TU_OK(kvt_policy_create_heads(&g, NULL, &hd, &pol));
+    TU_OK(kvt_policy_create_heads(&g, &o, &hd, &pol));
     return pol;
 }
 

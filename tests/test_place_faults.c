@@ -205,7 +205,7 @@ static void test_warmup_read_fault_later_layers(void **state)
         k[b] = 2;
         iv[b] = b < N_KV_HEADS ? 1 : 16;
     }
-    kvt_policy_heads hd = {sizeof hd, NLH, cls, k, NULL, NULL, NULL, iv};
+    kvt_policy_heads hd = {sizeof hd, NLH, cls, k, NULL, NULL, NULL, iv, NULL};
     kvt_policy *pol;
     kvt_selector *sel;
     TU_OK(kvt_policy_create_heads(&g, NULL, &hd, &pol));

@@ -39,15 +39,16 @@ static void resign(uint8_t *b, size_t n)
 typedef struct heads {
     uint32_t n;
     uint32_t cls[64], k[64], w[64], sink[64], local[64], iv[64];
+    float sim[64];
 } heads;
 
 /* The documented format (kvtier-profile(5)), written out independently. */
-static size_t ref_file(uint8_t *b, const kvt_geometry *g, const heads *hd)
+static size_t ref_file_v(uint8_t *b, const kvt_geometry *g, const heads *hd, uint32_t version)
 {
     const size_t n = 64 + 32 * (size_t)hd->n + 4;
     memset(b, 0, n);
     memcpy(b, "KVTPROF", 8); /* with its NUL */
-    put32(b + 8, 1);
+    put32(b + 8, version);
     put32(b + 12, 64);
     put32(b + 16, 32);
     put32(b + 20, hd->n);
@@ -65,9 +66,21 @@ static size_t ref_file(uint8_t *b, const kvt_geometry *g, const heads *hd)
         put32(r + 12, hd->sink[i]);
         put32(r + 16, hd->local[i]);
         put32(r + 20, hd->iv[i]);
+        if (version >= 2) { /* the threshold's IEEE-754 bits */
+            union {
+                float f;
+                uint32_t u;
+            } x = {hd->sim[i]};
+            put32(r + 24, x.u);
+        }
     }
     resign(b, n);
     return n;
+}
+
+static size_t ref_file(uint8_t *b, const kvt_geometry *g, const heads *hd)
+{
+    return ref_file_v(b, g, hd, 2);
 }
 
 static void random_heads(heads *hd, uint32_t n, tu_rng *r)
@@ -80,12 +93,13 @@ static void random_heads(heads *hd, uint32_t n, tu_rng *r)
         hd->sink[i] = tu_below(r, 4);
         hd->local[i] = tu_below(r, 4);
         hd->iv[i] = 1 + tu_below(r, 40);
+        hd->sim[i] = (float)tu_below(r, 2001) / 1000.0f - 1.0f; /* -1 .. 1 */
     }
 }
 
 static kvt_policy *policy_of(const kvt_geometry *g, const heads *hd)
 {
-    kvt_policy_heads ph = {sizeof ph, hd->n, hd->cls, hd->k, hd->w, hd->sink, hd->local, hd->iv};
+    kvt_policy_heads ph = {sizeof ph, hd->n, hd->cls, hd->k, hd->w, hd->sink, hd->local, hd->iv, hd->sim};
     kvt_policy *p;
     TU_OK(kvt_policy_create_heads(g, NULL, &ph, &p));
     return p;
@@ -105,7 +119,7 @@ static void same_heads(const kvt_policy *p, const kvt_geometry *g, const heads *
         assert_int_equal(info.sink_pages, hd->sink[i]);
         assert_int_equal(info.local_pages, hd->local[i]);
         assert_int_equal(info.rerank_interval, hd->iv[i]);
-        assert_int_equal(info.reserved, 0);
+        assert_true(info.rerank_similarity == hd->sim[i]);
     }
 }
 
@@ -142,6 +156,7 @@ static void test_opts_and_uniform(void **state)
         want.w[i] = 1;
         want.sink[i] = want.local[i] = 1;
         want.iv[i] = 16;
+        want.sim[i] = KVT_RERANK_SIMILARITY_DEFAULT;
     }
     same_heads(p, &r, &want);
     uint32_t n;
@@ -158,8 +173,10 @@ static void test_opts_and_uniform(void **state)
     b.window = 3;
     b.sink_pages = 0;
     b.local_pages = 5;
+    b.rerank_similarity = -1.0f;
     TU_OK(kvt_policy_create(&g, &b, &p));
     for (uint32_t i = 0; i < 15; i++) {
+        want.sim[i] = -1.0f;
         want.cls[i] = KVT_HEAD_UNSTABLE;
         want.k[i] = 7;
         want.w[i] = 3;
@@ -199,10 +216,12 @@ static void test_create_heads(void **state)
     o.window = 2;
     o.stable_interval = 8;
     o.unstable_interval = 3;
-    kvt_policy_heads ph = {sizeof ph, 24, hd.cls, NULL, NULL, NULL, NULL, NULL};
+    o.rerank_similarity = 0.5f;
+    kvt_policy_heads ph = {sizeof ph, 24, hd.cls, NULL, NULL, NULL, NULL, NULL, NULL};
     TU_OK(kvt_policy_create_heads(&g, &o, &ph, &p));
     heads want = hd;
     for (uint32_t i = 0; i < 24; i++) {
+        want.sim[i] = 0.5f;
         want.k[i] = 9;
         want.w[i] = 2;
         want.sink[i] = want.local[i] = 1;
@@ -211,7 +230,7 @@ static void test_create_heads(void **state)
     same_heads(p, &g, &want);
     kvt_policy_destroy(p);
     /* All NULL: the uniform policy. */
-    kvt_policy_heads none = {sizeof none, 24, NULL, NULL, NULL, NULL, NULL, NULL};
+    kvt_policy_heads none = {sizeof none, 24, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
     o.default_class = KVT_HEAD_UNSTABLE;
     TU_OK(kvt_policy_create_heads(&g, &o, &none, &p));
     for (uint32_t i = 0; i < 24; i++) {
@@ -381,7 +400,23 @@ static void test_bad_input(void **state)
     BAD_OPT(stable_interval, 0, KVT_EINVAL, "opts->stable_interval");
     BAD_OPT(unstable_interval, 0, KVT_EINVAL, "opts->unstable_interval");
     BAD_OPT(struct_size, 16, KVT_EINVAL, "opts->struct_size");
+    BAD_OPT(rerank_similarity, NAN, KVT_EINVAL, "opts->rerank_similarity: nan");
+    BAD_OPT(rerank_similarity, -1.0001f, KVT_EINVAL, "opts->rerank_similarity: -1.0001");
+    BAD_OPT(rerank_similarity, 1.0001f, KVT_EINVAL, "opts->rerank_similarity: 1.0001");
+    BAD_OPT(rerank_similarity, INFINITY, KVT_EINVAL, "opts->rerank_similarity: inf");
+    BAD_OPT(reserved, 1, KVT_EINVAL, "opts->reserved");
 #undef BAD_OPT
+    /* The first layout (struct_size 32): the threshold reads as the default. */
+    {
+        kvt_policy_opts_init(&o);
+        o.struct_size = 32;
+        o.rerank_similarity = NAN; /* past the caller's struct: never read */
+        TU_OK(kvt_policy_create(&g, &o, &p));
+        kvt_policy_head_info hi = {.struct_size = sizeof hi};
+        TU_OK(kvt_policy_head_get(p, 0, 0, &hi));
+        assert_true(hi.rerank_similarity == KVT_RERANK_SIMILARITY_DEFAULT);
+        kvt_policy_destroy(p);
+    }
     /* At the limits: accepted. */
     kvt_policy_opts_init(&o);
     o.top_k_pages = o.sink_pages = o.local_pages = KVT_SELECT_MAX_PAGES;
@@ -394,7 +429,7 @@ static void test_bad_input(void **state)
     kvt_policy_opts_init(&o);
     uint32_t cls[4] = {0, 1, 0, 0}, k[4] = {1, 2, 3, 4}, w[4] = {1, 1, 1, 1};
     uint32_t s[4] = {0, 0, 0, 0}, l[4] = {1, 1, 1, 1}, iv[4] = {1, 1, 1, 1};
-    kvt_policy_heads ph = {sizeof ph, 4, cls, k, w, s, l, iv};
+    kvt_policy_heads ph = {sizeof ph, 4, cls, k, w, s, l, iv, NULL};
     TU_EXPECT_ERR(kvt_policy_create_heads(&g, NULL, &ph, NULL), KVT_EINVAL, "out");
     TU_EXPECT_ERR(kvt_policy_create_heads(NULL, NULL, &ph, &p), KVT_EINVAL, "geom");
     TU_EXPECT_ERR(kvt_policy_create_heads(&g, NULL, NULL, &p), KVT_EINVAL, "heads");
@@ -431,6 +466,22 @@ static void test_bad_input(void **state)
     TU_EXPECT_ERR(kvt_policy_create_heads(&g, NULL, &ph, &p), KVT_EINVAL,
                   "heads->rerank_interval[3]");
     iv[3] = 1;
+    float sim[4] = {-1.0f, 1.0f, 0.0f, NAN};
+    ph.rerank_similarity = sim;
+    TU_EXPECT_ERR(kvt_policy_create_heads(&g, NULL, &ph, &p), KVT_EINVAL,
+                  "heads->rerank_similarity[3] (layer 1, kv_head 1): nan");
+    sim[3] = -1.5f;
+    TU_EXPECT_ERR(kvt_policy_create_heads(&g, NULL, &ph, &p), KVT_EINVAL,
+                  "heads->rerank_similarity[3]");
+    sim[3] = 0.25f;
+    TU_OK(kvt_policy_create_heads(&g, NULL, &ph, &p));
+    {
+        kvt_policy_head_info hi = {.struct_size = sizeof hi};
+        TU_OK(kvt_policy_head_get(p, 1, 1, &hi));
+        assert_true(hi.rerank_similarity == 0.25f);
+        kvt_policy_destroy(p);
+    }
+    ph.rerank_similarity = NULL;
     TU_OK(kvt_policy_create_heads(&g, NULL, &ph, &p));
 
     /* Accessors. */
@@ -612,9 +663,9 @@ static void test_malformed(void **state)
 
     /* Version: newer is KVT_EINVAL, 0 is corrupt (checksums correct). */
     memcpy(b, good, n);
-    put32(b + 8, 2);
+    put32(b + 8, 3);
     resign(b, n);
-    TU_EXPECT_ERR(kvt_policy_load_buffer(b, n, &g, &q), KVT_EINVAL, "version 2");
+    TU_EXPECT_ERR(kvt_policy_load_buffer(b, n, &g, &q), KVT_EINVAL, "version 3");
     put32(b + 8, 0);
     resign(b, n);
     TU_EXPECT_ERR(kvt_policy_load_buffer(b, n, &g, &q), KVT_ECORRUPT, "version 0");
@@ -652,8 +703,12 @@ static void test_malformed(void **state)
         {64 + 96 + 12, KVT_SELECT_MAX_PAGES + 1, "sink_pages[3]"},
         {64 + 128 + 16, KVT_SELECT_MAX_PAGES + 1, "local_pages[4]"},
         {64 + 160 + 20, 0, "rerank_interval[5] (layer 1, kv_head 2)"},
-        {64 + 160 + 24, 1, "record 5"},
+        {64 + 160 + 28, 1, "record 5"},
         {64 + 28, 3, "record 0"},
+        /* rerank_similarity: NaN, below -1, above 1 (IEEE-754 bits). */
+        {64 + 32 + 24, 0x7fc00000u, "rerank_similarity[1] (layer 0, kv_head 1)"},
+        {64 + 64 + 24, 0xbf800001u, "rerank_similarity[2]"},
+        {64 + 96 + 24, 0x3f800001u, "rerank_similarity[3]"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         memcpy(b, good, n);
@@ -666,6 +721,19 @@ static void test_malformed(void **state)
                      bad[i].v, kvt_err_name(rc), kvt_last_error(), bad[i].needle);
         assert_null(q);
     }
+    /* Version 1 (no thresholds; its bytes 24..31 of a record are reserved)
+     * still loads, every head at KVT_RERANK_SIMILARITY_DEFAULT; a non-zero
+     * byte there is corrupt in version 1. */
+    heads h1 = hd;
+    for (uint32_t i = 0; i < h1.n; i++)
+        h1.sim[i] = KVT_RERANK_SIMILARITY_DEFAULT;
+    ref_file_v(b, &g, &hd, 1);
+    TU_OK(kvt_policy_load_buffer(b, n, &g, &q));
+    same_heads(q, &g, &h1);
+    kvt_policy_destroy(q);
+    put32(b + 64 + 24, 0x3f000000u);
+    resign(b, n);
+    TU_EXPECT_ERR(kvt_policy_load_buffer(b, n, &g, &q), KVT_ECORRUPT, "record 0");
     /* Bad magic, even with a correct checksum. */
     memcpy(b, good, n);
     b[0] = 'k';
@@ -734,6 +802,20 @@ static void test_fuzz_corpus(void **state)
             size_t got = fread(fb, 1, need + 1, f);
             fclose(f);
             assert_int_equal(got, need);
+            if (fb[8] == 1) {
+                /* Version 1 is saved as version 2: the same bytes but the
+                 * version, each record's threshold (the default) and the
+                 * checksum. */
+                for (size_t x = 64; x + 4 < need; x += 32) {
+                    union {
+                        float f;
+                        uint32_t u;
+                    } t = {KVT_RERANK_SIMILARITY_DEFAULT};
+                    put32(fb + x + 24, t.u);
+                }
+                put32(fb + 8, 2);
+                resign(fb, need);
+            }
             assert_memory_equal(fb, b, need);
             free(fb);
             free(b);
@@ -802,6 +884,7 @@ static void test_step_schedule(void **state)
         hd.sink[i] = i % 2;
         hd.local[i] = 1 + i % 2;
         hd.iv[i] = hd.cls[i] == KVT_HEAD_UNSTABLE ? 1 : SIV;
+        hd.sim[i] = -1.0f; /* the interval alone (test_select_cache: the cache) */
     }
     kvt_policy *pol = policy_of(&g, &hd);
     kvt_selector *sel;

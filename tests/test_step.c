@@ -347,6 +347,8 @@ static void test_rerank(void **state)
     kvt_selector *sel;
     TU_OK(kvt_selector_create(&g, &sopt, &sel));
     TU_OK(kvt_selector_rerank_interval_set(sel, KVT_ALL, KVT_ALL, IV));
+    /* The interval alone (the selection cache: test_select_cache). */
+    TU_OK(kvt_selector_rerank_similarity_set(sel, KVT_ALL, KVT_ALL, -1.0f));
     kvt_step_opts so = KVT_STEP_OPTS_INIT;
     so.selector = sel;
     static uint8_t rr_hist[RSTEPS][RS][RL][RH];

@@ -2,7 +2,9 @@
  *
  * A kvt_policy describes every (layer, KV head) of a model: its class
  * (STABLE or UNSTABLE), its top-K page budget, its window multiplier, its
- * sink and local pages and its rerank interval. It is immutable once built,
+ * sink and local pages, its rerank interval and its selection cache's
+ * similarity threshold (kvt_selector_opts.rerank_similarity). It is
+ * immutable once built,
  * so one policy may serve any number of pools and threads at once. A step
  * plan given a policy (kvt_step_opts.policy) reranks each head every
  * `rerank_interval` steps with the policy's budget.
@@ -27,6 +29,7 @@
 #define KVTIER_POLICY_H
 
 #include "kvtier/common.h"
+#include "kvtier/selector.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -55,9 +58,20 @@ typedef struct kvt_policy_opts {
     uint32_t local_pages;          /* default 1 */
     uint32_t stable_interval;      /* rerank interval of stable heads; default 16 */
     uint32_t unstable_interval;    /* rerank interval of unstable heads; default 1 */
+    /* Appended after the first layout (a struct_size of 32 reads it as
+     * KVT_RERANK_SIMILARITY_DEFAULT). */
+    float rerank_similarity;       /* the selection cache (see
+                                      kvt_selector_opts.rerank_similarity):
+                                      between its interval's reranks a head
+                                      is rescored once its query's cosine
+                                      similarity to the query of its last
+                                      rerank falls below this; -1 .. 1, -1 =
+                                      the interval alone. Default
+                                      KVT_RERANK_SIMILARITY_DEFAULT */
+    uint32_t reserved;             /* must be zero */
 } kvt_policy_opts;
 
-#define KVT_POLICY_OPTS_INIT { (uint32_t)sizeof(kvt_policy_opts), 0u, 64u, 1u, 1u, 1u, 16u, 1u }
+#define KVT_POLICY_OPTS_INIT { (uint32_t)sizeof(kvt_policy_opts), 0u, 64u, 1u, 1u, 1u, 16u, 1u, KVT_RERANK_SIMILARITY_DEFAULT, 0u }
 KVT_API int kvt_policy_opts_init(kvt_policy_opts *opts);
 
 /* Per-head values for kvt_policy_create_heads: each array holds n_heads
@@ -73,6 +87,10 @@ typedef struct kvt_policy_heads {
     const uint32_t *sink_pages;
     const uint32_t *local_pages;
     const uint32_t *rerank_interval;
+    /* Appended after the first layout (a struct_size of 64 reads it as
+     * NULL): the selection cache's threshold of each head (NULL: the
+     * options' rerank_similarity). */
+    const float *rerank_similarity;
 } kvt_policy_heads;
 
 /* A policy in which every head has the options' values (opts may be NULL
@@ -97,7 +115,7 @@ typedef struct kvt_policy_head_info {
     uint32_t sink_pages;
     uint32_t local_pages;
     uint32_t rerank_interval;
-    uint32_t reserved;         /* set to zero */
+    float rerank_similarity;   /* the selection cache's threshold (-1 = off) */
 } kvt_policy_head_info;
 
 KVT_API int kvt_policy_head_get(const kvt_policy *pol, uint32_t layer, uint32_t kv_head,

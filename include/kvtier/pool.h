@@ -183,7 +183,8 @@ typedef struct kvt_stats {
                                    (another tier holds the page) */
     uint64_t offloaded_pages;   /* full pages copied out of the device tier
                                    once, when they filled */
-    uint64_t reranked_heads;    /* (sequence, layer, head) rescored */
+    uint64_t reranked_heads;    /* (sequence, layer, head) rescored (every
+                                   pool, not only tiered ones) */
     uint64_t paused_seqs;       /* (sequence, layer) decodes that waited for
                                    promoted pages */
     /* Prefix cache (kvtier/prefix.h), appended after the first layout (a
@@ -217,6 +218,14 @@ typedef struct kvt_stats {
     uint64_t remote_corrupt;    /* values that failed their checks */
     uint64_t remote_redirects;  /* MOVED and ASK replies followed */
     uint64_t remote_queue_bytes; /* values waiting to be written (now) */
+    /* Selection, appended after the third layout (a struct_size of 504
+     * leaves them out); cumulative, every backend. */
+    uint64_t head_selections;   /* (sequence, layer, KV head) selections of
+                                   steps that are not KVT_STEP_DENSE */
+    uint64_t similarity_reranks; /* ... rescored before their interval
+                                   because the query drifted (the selection
+                                   cache, kvt_selector_opts.rerank_similarity;
+                                   counted in reranked_heads too) */
 } kvt_stats;
 
 /* Fills the first stats->struct_size bytes of *stats. */

@@ -1,10 +1,32 @@
 /* libkvtier - the page selector: which pages of a (sequence, layer, KV head)
  * matter for the current queries.
  *
- * Pages are scored from the metadata store only (never the K/V bytes):
- *   KVT_SCORE_MINMAX  Quest's upper bound of q.k over the page:
- *                     sum_d max(q_d * kmin_d, q_d * kmax_d)
+ * Scoring methods (the raw score of a page for one query row q):
+ *   KVT_SCORE_MINMAX  Quest's upper bound of q.k over the page, from the
+ *                     metadata store: sum_d max(q_d * kmin_d, q_d * kmax_d)
  *   KVT_SCORE_MEAN    q . (mean key of the page), a landmark score.
+ *   KVT_SCORE_TOKEN   TokenSelect's token-level criticality: the largest
+ *                     exact q.k over the page's stored tokens. It reads the
+ *                     page's keys (half the bytes attention reads) where
+ *                     the backend can address them: the device tier, and on
+ *                     the CPU backend also the host tier; a page whose keys
+ *                     are elsewhere (only on disk, or on their way to the
+ *                     device) is scored by its MINMAX bound, which is never
+ *                     below the exact value.
+ *   KVT_SCORE_ORACLE  for measurement only (as slow as dense attention):
+ *                     the page's attention mass. Its raw score is
+ *                     (1 / c) ln sum_t exp(c q.k_t) over the page's tokens,
+ *                     c = vote_scale, and its vote is always SOFTVOTE, so a
+ *                     page's vote is the softmax mass (over every stored
+ *                     token, at scale c) of its tokens, summed over the
+ *                     group's query heads: the top-K by vote is the page set
+ *                     of largest true attention mass. With vote_scale equal
+ *                     to the step's scale (both default to 1/sqrt(head_dim))
+ *                     that is the decode's own softmax. Keys it cannot
+ *                     address (as TOKEN) count as the MINMAX bound plus
+ *                     ln(tokens) / c, an upper bound.
+ * A page holding a NaN or infinite key scores +infinity with TOKEN and
+ * ORACLE on the CPU backend, as an opened MINMAX box does.
  * The query heads of one KV head (a GQA group) vote:
  *   KVT_VOTE_SUM       sum of the heads' raw scores
  *   KVT_VOTE_MAX       maximum of the heads' raw scores
@@ -36,6 +58,8 @@ typedef struct kvt_selector kvt_selector; /* opaque */
 typedef uint32_t kvt_score_method;
 #define KVT_SCORE_MINMAX 0u
 #define KVT_SCORE_MEAN   1u
+#define KVT_SCORE_TOKEN  2u
+#define KVT_SCORE_ORACLE 3u
 
 typedef uint32_t kvt_vote;
 #define KVT_VOTE_SUM      0u
@@ -59,9 +83,25 @@ typedef struct kvt_selector_opts {
                                  plan; default 1 (every step) */
     float vote_scale;         /* SOFTVOTE: scores are multiplied by this
                                  before the softmax; 0 = 1/sqrt(head_dim) */
+    /* Appended after the first layout (a struct_size of 32 reads it as
+     * KVT_RERANK_SIMILARITY_DEFAULT). */
+    float rerank_similarity;  /* the selection cache: between the reranks
+                                 rerank_interval sets, a head is rescored
+                                 as soon as the cosine similarity of its
+                                 query (the mean of its group's query rows)
+                                 to the query of its last rerank falls
+                                 below this, -1 .. 1; -1 = never (the
+                                 interval alone). Default
+                                 KVT_RERANK_SIMILARITY_DEFAULT */
+    uint32_t reserved;        /* must be zero */
 } kvt_selector_opts;
 
-#define KVT_SELECTOR_OPTS_INIT { (uint32_t)sizeof(kvt_selector_opts), 0u, 0u, 64u, 1u, 1u, 1u, 0.0f }
+/* The selection cache's default threshold (kvt_selector_opts and
+ * kvt_policy_opts.rerank_similarity), chosen by measurement
+ * (examples/bench/RESULTS.md, "Selection"). */
+#define KVT_RERANK_SIMILARITY_DEFAULT 0.9f
+
+#define KVT_SELECTOR_OPTS_INIT { (uint32_t)sizeof(kvt_selector_opts), 0u, 0u, 64u, 1u, 1u, 1u, 0.0f, KVT_RERANK_SIMILARITY_DEFAULT, 0u }
 KVT_API int kvt_selector_opts_init(kvt_selector_opts *opts);
 
 /* Creates a selector for one model geometry (the pools it serves must have
@@ -86,6 +126,13 @@ KVT_API int kvt_selector_budget_get(const kvt_selector *sel, uint32_t layer, uin
  * and last pages still follow the sequence). KVT_ALL as above. */
 KVT_API int kvt_selector_rerank_interval_set(kvt_selector *sel, uint32_t layer,
                                              uint32_t kv_head, uint32_t interval);
+/* Sets the selection cache's threshold of (layer, kv_head) (see
+ * kvt_selector_opts.rerank_similarity): -1 .. 1, KVT_EINVAL otherwise (NaN
+ * included). KVT_ALL as above. The CPU backend decides in kvt_step_select;
+ * the CUDA backend, whose queries stay on the device, reranks on the
+ * interval alone. */
+KVT_API int kvt_selector_rerank_similarity_set(kvt_selector *sel, uint32_t layer,
+                                               uint32_t kv_head, float threshold);
 
 /* Scores every page of (seq, layer, kv_head) against the queries of the
  * KV head's query heads and selects pages as described above.

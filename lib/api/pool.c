@@ -378,6 +378,8 @@ KVT_API int kvt_pool_stats_get(const kvt_pool *pool, kvt_stats *stats)
     s.evicted_pages = pool->pst.evicted;
     s.offloaded_pages = pool->pst.offloaded;
     s.reranked_heads = pool->pst.reranked;
+    s.head_selections = pool->pst.sel_heads;
+    s.similarity_reranks = pool->pst.sim_reranked;
     s.paused_seqs = pool->pst.paused;
     const kvt__pfx *x = pool->pfx;
     if (x) {

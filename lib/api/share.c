@@ -224,6 +224,7 @@ KVT_API int kvt_seq_fork(kvt_pool *pool, kvt_seq_id src, const kvt_seq_opts *opt
                    s->sel.topk_n[b] * sizeof *c->sel.topk);
         memcpy(c->sel.topk_n, s->sel.topk_n, (size_t)L * H * sizeof *c->sel.topk_n);
         memcpy(c->sel.topk_k, s->sel.topk_k, (size_t)L * H * sizeof *c->sel.topk_k);
+        memcpy(c->sel.qref, s->sel.qref, (size_t)L * H * D * sizeof *c->sel.qref);
     }
     c->sel.steps = s->sel.steps;
     if ((rc = kvt__pfx_seq_fork(pool, s, c)) ||

@@ -489,6 +489,85 @@ static void kvt__attn(const kvt__attn_shape *sh, const float *q, const uint8_t *
     }
 }
 
+/* ---- page scoring from the keys (KVT_SCORE_TOKEN, KVT_SCORE_ORACLE) -------- */
+/* S[g * stride + i] = max_t q_g.k_t over the ntok[i] tokens of block i (c
+ * == 0), or (1 / c) ln sum_t exp(c q_g.k_t) (c > 0). The K rows only: a
+ * page's tokens in runs of KVT__TS_TOK, their dot products with every
+ * query row from kvt__kdot (the decode's K pass). */
+KVT__INLINE void kvt__tscore_dt(kvt_dtype dt, const kvt__attn_shape *sh, const float *q,
+                                const uint8_t *const *blocks, const uint32_t *ntok, uint32_t n,
+                                float c, float *S, size_t stride, float *sbuf)
+{
+    const uint32_t G = sh->G, D = sh->D, P = sh->P;
+    const size_t row = (size_t)D * (dt == KVT_DTYPE_F32 ? 4u : 2u);
+    float *mx = sbuf + (size_t)G * KVT__TS_TOK, *sum = mx + G;
+    for (uint32_t i = 0; i < n; i++) {
+        const uint8_t *K = blocks[i];
+        const uint32_t nt = ntok[i];
+        /* The next page's keys, when they do not follow these, into L2. */
+        const uint8_t *nb = i + 1 < n && blocks[i + 1] != K + 2 * (size_t)P * row
+                                ? blocks[i + 1]
+                                : NULL;
+        if (nb)
+            for (size_t off = 0; off < (size_t)P * row; off += 64)
+                __builtin_prefetch(nb + off, 0, 1);
+        for (uint32_t g = 0; g < G; g++) {
+            mx[g] = -INFINITY;
+            sum[g] = 0.0f;
+        }
+        for (uint32_t t0 = 0; t0 < nt; t0 += KVT__TS_TOK) {
+            const uint32_t m = kvt__min_u32(KVT__TS_TOK, nt - t0);
+            const uint8_t *Kt = K + (size_t)t0 * row;
+            uint32_t g = 0;
+            for (; g + GBK <= G; g += GBK)
+                kvt__kdot(dt, GBK, q + (size_t)g * D, Kt, D, m, sbuf + (size_t)g * KVT__TS_TOK,
+                          KVT__TS_TOK);
+            for (; g < G; g++)
+                kvt__kdot(dt, 1, q + (size_t)g * D, Kt, D, m, sbuf + (size_t)g * KVT__TS_TOK,
+                          KVT__TS_TOK);
+            for (g = 0; g < G; g++) {
+                float *x = sbuf + (size_t)g * KVT__TS_TOK;
+                if (c == 0.0f) {
+                    const float r = kvt__rowmax(x, m);
+                    mx[g] = r > mx[g] ? r : mx[g];
+                    continue;
+                }
+                for (uint32_t t = 0; t < m; t++)
+                    x[t] *= c;
+                const float r = kvt__rowmax(x, m), mnew = r > mx[g] ? r : mx[g];
+                if (mnew == -INFINITY || mnew == INFINITY) {
+                    mx[g] = mnew;
+                    continue;
+                }
+                sum[g] = (mx[g] == -INFINITY ? 0.0f : sum[g] * expf(mx[g] - mnew)) +
+                         kvt__expsum(x, m, mnew);
+                mx[g] = mnew;
+            }
+        }
+        for (uint32_t g = 0; g < G; g++)
+            S[(size_t)g * stride + i] =
+                c == 0.0f || !isfinite(mx[g]) ? mx[g] / (c == 0.0f ? 1.0f : c)
+                                              : (mx[g] + logf(sum[g])) / c;
+    }
+}
+
+static void kvt__tscore(const kvt__attn_shape *sh, const float *q, const uint8_t *const *blocks,
+                        const uint32_t *ntok, uint32_t n, float c, float *S, size_t stride,
+                        float *sbuf)
+{
+    switch (sh->dtype) {
+    case KVT_DTYPE_F16:
+        kvt__tscore_dt(KVT_DTYPE_F16, sh, q, blocks, ntok, n, c, S, stride, sbuf);
+        break;
+    case KVT_DTYPE_BF16:
+        kvt__tscore_dt(KVT_DTYPE_BF16, sh, q, blocks, ntok, n, c, S, stride, sbuf);
+        break;
+    default:
+        kvt__tscore_dt(KVT_DTYPE_F32, sh, q, blocks, ntok, n, c, S, stride, sbuf);
+        break;
+    }
+}
+
 /* ---- page scoring from the metadata store ---------------------------------- */
 /* MINMAX: qa = max(q, 0), qb = min(q, 0); the bound is qa.kmax + qb.kmin
  * (= sum_d max(q_d kmin_d, q_d kmax_d)). MEAN: qa = q against the mean row.
@@ -601,5 +680,6 @@ const kvt__kernels KVT__KERN_NAME = {
     .name = KVT__KERN_STR,
     .attn = kvt__attn,
     .score = kvt__score,
+    .tscore = kvt__tscore,
     .expsum = kvt__expsum,
 };

@@ -10,6 +10,9 @@ typedef struct kvt__attn_shape {
     uint32_t G, D, P; /* query heads per KV head, head_dim, page_tokens */
     kvt_dtype dtype;  /* storage dtype */
 } kvt__attn_shape;
+/* Tokens of a page kvt__kernels.tscore scores at a time, and its scratch. */
+#define KVT__TS_TOK 16u
+#define KVT__TS_SCRATCH(G) ((size_t)(G) * (KVT__TS_TOK + 2u))
 typedef struct kvt__kernels {
     const char *name;
     /* Online-softmax attention of G prescaled queries q [G][D] over n
@@ -28,6 +31,14 @@ typedef struct kvt__kernels {
     void (*score)(const kvt__attn_shape *sh, uint32_t method, const float *qa,
                   const float *qb, const uint8_t *meta_base, uint64_t meta_bytes,
                   const uint32_t *slots, uint32_t n, float *S, size_t stride);
+    /* Scores n pages from their keys for G queries q [G][D] into
+     * S[g * stride + i]: block i's first ntok[i] key rows (K of a block,
+     * K[P][D] then V[P][D]) give max_t q_g.k_t when c == 0 (KVT_SCORE_TOKEN),
+     * (1 / c) ln sum_t exp(c q_g.k_t) when c > 0 (KVT_SCORE_ORACLE). sbuf
+     * holds KVT__TS_SCRATCH(G) floats. */
+    void (*tscore)(const kvt__attn_shape *sh, const float *q, const uint8_t *const *blocks,
+                   const uint32_t *ntok, uint32_t n, float c, float *S, size_t stride,
+                   float *sbuf);
     /* x[i] = exp(x[i] - sub); returns the sum. */
     float (*expsum)(float *x, uint32_t n, float sub);
 } kvt__kernels;

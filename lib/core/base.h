@@ -51,6 +51,10 @@ KVT__HIDDEN const char *kvt__brief(const char *path, char *buf);
  * bytes past ours (a newer caller asking for something we lack). */
 KVT__HIDDEN int kvt__opts_copy(void *dst, size_t ours, const void *src, size_t min_size,
                                const char *what);
+/* Checks a selection-cache threshold (kvt_selector_opts.rerank_similarity,
+ * the policy's): -1 .. 1, KVT_EINVAL naming `name` otherwise (NaN
+ * included). */
+KVT__HIDDEN int kvt__similarity_check(float t, const char *name);
 /* Output struct variant: validates *struct_size at dst, reports how many
  * bytes to fill and zeroes the caller's tail beyond ours. */
 KVT__HIDDEN int kvt__out_struct(void *dst, size_t ours, size_t min_size, const char *what,

@@ -53,3 +53,10 @@ int kvt__out_struct(void *dst, size_t ours, size_t min_size, const char *what, s
     *fill = size < ours ? size : ours;
     return 0;
 }
+int kvt__similarity_check(float t, const char *name)
+{
+    if (!(t >= -1.0f && t <= 1.0f))
+        return kvt__err(KVT_EINVAL, "%s: %g is not a cosine similarity threshold (-1 .. 1; "
+                        "-1 = never rerank on similarity)", name, (double)t);
+    return 0;
+}

@@ -48,6 +48,7 @@ void kvt__seq_fini(kvt__seq *s)
     free(s->sel.topk);
     free(s->sel.topk_n);
     free(s->sel.topk_k);
+    free(s->sel.qref);
     free(s->tier.imp);
     free(s->tier.use);
     free(s->tier.disk_ext);
@@ -149,12 +150,15 @@ int kvt__seq_topk_reserve(const kvt_pool *p, kvt__seq *s, uint32_t cap)
     uint32_t *t = malloc(lh * c * sizeof *t);
     uint32_t *n = s->sel.topk_n ? s->sel.topk_n : calloc(lh, sizeof *n);
     uint32_t *k = s->sel.topk_k ? s->sel.topk_k : calloc(lh, sizeof *k);
-    if (!t || !n || !k) {
+    float *qr = s->sel.qref ? s->sel.qref : calloc(lh * p->g.head_dim, sizeof *qr);
+    if (!t || !n || !k || !qr) {
         free(t);
         if (n != s->sel.topk_n)
             free(n);
         if (k != s->sel.topk_k)
             free(k);
+        if (qr != s->sel.qref)
+            free(qr);
         return kvt__err(KVT_ENOMEM, "step: cannot allocate top-K storage (%u pages per head)",
                         cap);
     }
@@ -165,6 +169,7 @@ int kvt__seq_topk_reserve(const kvt_pool *p, kvt__seq *s, uint32_t cap)
     s->sel.topk = t;
     s->sel.topk_n = n;
     s->sel.topk_k = k;
+    s->sel.qref = qr;
     s->sel.topk_cap = (uint32_t)c;
     return 0;
 }

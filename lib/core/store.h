@@ -48,6 +48,9 @@ typedef struct kvt__seq {
         uint32_t *topk_n;  /* [L * H] entries used */
         uint32_t *topk_k;  /* [L * H] the K they were chosen for; 0 = none */
         uint32_t topk_cap;
+        /* [L * H][D] the query (group mean) of each head's last rerank on
+         * the CPU backend, for the selection cache; allocated with topk. */
+        float *qref;
         uint32_t phase;    /* rerank stagger, 0..KVT__PHASES-1 (see kvt_seq_create) */
         uint64_t steps;    /* step plans finished with this sequence */
     } sel;
@@ -189,7 +192,7 @@ struct kvt_pool {
     int (*on_table_grow)(struct kvt_pool *p, struct kvt__seq *s, uint32_t cap_pages);
     struct {
         uint64_t sel_pages, sel_resident, promoted, recycled, evicted, offloaded, reranked,
-            paused;
+            paused, sel_heads, sim_reranked;
     } pst;
 };
 

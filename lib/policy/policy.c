@@ -12,11 +12,9 @@
 #define KVT__POLICY_OPTS_V1 32u
 _Static_assert(offsetof(kvt_policy_opts, unstable_interval) + 4 == KVT__POLICY_OPTS_V1,
                "policy opts v1");
-_Static_assert(sizeof(kvt_policy_opts) == KVT__POLICY_OPTS_V1, "policy opts v1 size");
 #define KVT__POLICY_HEADS_V1 (offsetof(kvt_policy_heads, rerank_interval) + sizeof(void *))
-_Static_assert(sizeof(kvt_policy_heads) == KVT__POLICY_HEADS_V1, "policy heads v1 size");
 #define KVT__POLICY_HEAD_INFO_V1 32u
-_Static_assert(offsetof(kvt_policy_head_info, reserved) + 4 == KVT__POLICY_HEAD_INFO_V1,
+_Static_assert(offsetof(kvt_policy_head_info, rerank_similarity) + 4 == KVT__POLICY_HEAD_INFO_V1,
                "policy head info v1");
 
 KVT_API int kvt_policy_opts_init(kvt_policy_opts *opts)
@@ -31,6 +29,7 @@ KVT_API int kvt_policy_opts_init(kvt_policy_opts *opts)
     opts->local_pages = 1;
     opts->stable_interval = 16;
     opts->unstable_interval = 1;
+    opts->rerank_similarity = KVT_RERANK_SIMILARITY_DEFAULT;
     return 0;
 }
 
@@ -90,7 +89,8 @@ int kvt__geometry_same(const kvt_geometry *a, const kvt_geometry *b, const char 
 
 int kvt__policy_build(kvt_policy **out, const kvt_geometry *g, const uint32_t *cls,
                       const uint32_t *k, const uint32_t *window, const uint32_t *sink,
-                      const uint32_t *local, const uint32_t *interval, const char *what,
+                      const uint32_t *local, const uint32_t *interval, const float *sim,
+                      const char *what,
                       int code)
 {
     const uint32_t n = g->n_layers * g->n_kv_heads; /* <= 4096 * 4096 */
@@ -101,14 +101,22 @@ int kvt__policy_build(kvt_policy **out, const kvt_geometry *g, const uint32_t *c
         if (rc)
             return rc;
         n_unstable += cls[i] == KVT_HEAD_UNSTABLE;
+        if (!(sim[i] >= -1.0f && sim[i] <= 1.0f))
+            return kvt__err(code ? code : KVT_EINVAL, "%srerank_similarity[%u] (layer %u, "
+                            "kv_head %u): %g is not a cosine similarity threshold (-1 .. 1)",
+                            what, i, i / g->n_kv_heads, i % g->n_kv_heads, (double)sim[i]);
     }
     kvt_policy *p = calloc(1, sizeof *p);
     uint32_t *mem = malloc((size_t)n * 6u * sizeof *mem);
-    if (!p || !mem) {
+    float *fs = malloc((size_t)n * sizeof *fs);
+    if (!p || !mem || !fs) {
         free(p);
         free(mem);
+        free(fs);
         return kvt__err(KVT_ENOMEM, "policy: cannot allocate %u head records", n);
     }
+    p->sim = fs;
+    memcpy(p->sim, sim, (size_t)n * sizeof *fs);
     p->g = *g;
     p->n = n;
     p->n_unstable = n_unstable;
@@ -134,6 +142,8 @@ int kvt__policy_opts_get(kvt_policy_opts *o, const kvt_policy_opts *opts, const 
         int rc = kvt__opts_copy(o, sizeof *o, opts, KVT__POLICY_OPTS_V1, name);
         if (rc)
             return rc;
+        if (opts->struct_size < offsetof(kvt_policy_opts, reserved))
+            o->rerank_similarity = KVT_RERANK_SIMILARITY_DEFAULT; /* the first layout */
     } else {
         kvt_policy_opts_init(o);
     }
@@ -144,6 +154,13 @@ int kvt__policy_opts_get(kvt_policy_opts *o, const kvt_policy_opts *opts, const 
         return kvt__err(KVT_EINVAL, "%s->stable_interval: must be at least 1", name);
     if (o->unstable_interval == 0)
         return kvt__err(KVT_EINVAL, "%s->unstable_interval: must be at least 1", name);
+    char sname[48];
+    snprintf(sname, sizeof sname, "%s->rerank_similarity", name);
+    int rs = kvt__similarity_check(o->rerank_similarity, sname);
+    if (rs)
+        return rs;
+    if (o->reserved)
+        return kvt__err(KVT_EINVAL, "%s->reserved: must be zero", name);
     char what[40];
     snprintf(what, sizeof what, "%s->", name);
     return kvt__head_check(o->default_class, o->top_k_pages, o->window, o->sink_pages,
@@ -171,9 +188,10 @@ KVT_API int kvt_policy_create_heads(const kvt_geometry *geom, const kvt_policy_o
     if (hd.n_heads != n)
         return kvt__err(KVT_EINVAL, "heads->n_heads: %u, the geometry has n_layers * "
                         "n_kv_heads = %u", hd.n_heads, n);
-    uint32_t *mem = malloc((size_t)n * 6u * sizeof *mem);
+    uint32_t *mem = malloc((size_t)n * 7u * sizeof *mem);
     if (!mem)
         return kvt__err(KVT_ENOMEM, "policy: cannot allocate %u head records", n);
+    float *sim = (float *)(void *)(mem + 6u * (size_t)n);
     uint32_t *cls = mem, *k = mem + n, *w = mem + 2u * (size_t)n, *sink = mem + 3u * (size_t)n,
              *local = mem + 4u * (size_t)n, *iv = mem + 5u * (size_t)n;
     for (uint32_t i = 0; i < n; i++) {
@@ -185,8 +203,9 @@ KVT_API int kvt_policy_create_heads(const kvt_geometry *geom, const kvt_policy_o
         iv[i] = hd.rerank_interval ? hd.rerank_interval[i]
                 : cls[i] == KVT_HEAD_UNSTABLE ? o.unstable_interval
                                               : o.stable_interval;
+        sim[i] = hd.rerank_similarity ? hd.rerank_similarity[i] : o.rerank_similarity;
     }
-    rc = kvt__policy_build(out, &g, cls, k, w, sink, local, iv, "heads->", 0);
+    rc = kvt__policy_build(out, &g, cls, k, w, sink, local, iv, sim, "heads->", 0);
     free(mem);
     return rc;
 }
@@ -216,6 +235,7 @@ KVT_API void kvt_policy_destroy(kvt_policy *pol)
     if (!pol)
         return;
     free(pol->cls);
+    free(pol->sim);
     free(pol);
 }
 
@@ -250,6 +270,7 @@ KVT_API int kvt_policy_head_get(const kvt_policy *pol, uint32_t layer, uint32_t 
     r.sink_pages = pol->sink[i];
     r.local_pages = pol->local[i];
     r.rerank_interval = pol->interval[i];
+    r.rerank_similarity = pol->sim[i];
     memcpy(info, &r, fill);
     return 0;
 }

@@ -15,6 +15,7 @@ struct kvt_policy {
     /* [n] each, head (layer, kv_head) at layer * n_kv_heads + kv_head; one
      * allocation starting at cls. */
     uint32_t *cls, *k, *window, *sink, *local, *interval;
+    float *sim; /* [n] the selection cache's thresholds (own allocation) */
 };
 
 /* Builds a policy from complete per-head arrays (each [L * H]); checks
@@ -24,7 +25,8 @@ struct kvt_policy {
 KVT__HIDDEN int kvt__policy_build(kvt_policy **out, const kvt_geometry *g, const uint32_t *cls,
                                   const uint32_t *k, const uint32_t *window,
                                   const uint32_t *sink, const uint32_t *local,
-                                  const uint32_t *interval, const char *what, int code);
+                                  const uint32_t *interval, const float *sim,
+                                  const char *what, int code);
 /* Copies and checks policy options (NULL = the defaults); messages name
  * the argument `name`. */
 KVT__HIDDEN int kvt__policy_opts_get(kvt_policy_opts *o, const kvt_policy_opts *opts,

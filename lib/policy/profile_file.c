@@ -4,14 +4,17 @@
  * before any field is read, and every field before a policy is built.
  *
  *   0   8  magic "KVTPROF\0"
- *   8   4  version (1)
+ *   8   4  version (2; 1 is still read)
  *  12   4  header bytes (64)
  *  16   4  record bytes (32)
  *  20   4  records (n_layers * n_kv_heads)
  *  24  24  n_layers, n_kv_heads, n_q_heads, head_dim, page_tokens, dtype
  *  48  16  reserved, zero
  *  64  32  per head, layer-major: class, top_k_pages, window, sink_pages,
- *          local_pages, rerank_interval, 2 x reserved (zero)
+ *          local_pages, rerank_interval, rerank_similarity (an IEEE-754
+ *          binary32, -1 .. 1; version 2), reserved (zero). Version 1 has
+ *          zero in place of rerank_similarity and reads as
+ *          KVT_RERANK_SIMILARITY_DEFAULT.
  * end   4  CRC32C of every byte before it (in every version: the checksum is
  *          checked before the version is read)
  */
@@ -26,7 +29,7 @@
 #include "policy_int.h"
 
 #define KVT__PROF_MAGIC "KVTPROF\0"
-#define KVT__PROF_VERSION 1u
+#define KVT__PROF_VERSION 2u
 #define KVT__PROF_HEADER 64u
 #define KVT__PROF_RECORD 32u
 #define KVT__PROF_TRAILER 4u
@@ -79,6 +82,9 @@ KVT_API int kvt_policy_save_buffer(const kvt_policy *pol, void *buf, size_t cap,
         kvt__put32(r + 12, pol->sink[i]);
         kvt__put32(r + 16, pol->local[i]);
         kvt__put32(r + 20, pol->interval[i]);
+        uint32_t fb;
+        memcpy(&fb, &pol->sim[i], sizeof fb);
+        kvt__put32(r + 24, fb);
     }
     kvt__put32(b + size - KVT__PROF_TRAILER, kvt__crc32c(0, b, size - KVT__PROF_TRAILER));
     return 0;
@@ -126,11 +132,11 @@ KVT_API int kvt_policy_load_buffer(const void *data, size_t size, const kvt_geom
     const uint32_t hbytes = kvt__get32(b + 12), rbytes = kvt__get32(b + 16);
     const uint32_t n = kvt__get32(b + 20);
     if (hbytes != KVT__PROF_HEADER)
-        return kvt__err(KVT_ECORRUPT, "data: header size %u, version 1 has %u", hbytes,
-                        KVT__PROF_HEADER);
+        return kvt__err(KVT_ECORRUPT, "data: header size %u, version %u has %u", hbytes,
+                        version, KVT__PROF_HEADER);
     if (rbytes != KVT__PROF_RECORD)
-        return kvt__err(KVT_ECORRUPT, "data: record size %u, version 1 has %u", rbytes,
-                        KVT__PROF_RECORD);
+        return kvt__err(KVT_ECORRUPT, "data: record size %u, version %u has %u", rbytes,
+                        version, KVT__PROF_RECORD);
     const uint64_t want = (uint64_t)KVT__PROF_HEADER + (uint64_t)KVT__PROF_RECORD * n +
                           KVT__PROF_TRAILER;
     if (want != size)
@@ -169,22 +175,31 @@ KVT_API int kvt_policy_load_buffer(const void *data, size_t size, const kvt_geom
         if (rc)
             return rc;
     }
-    uint32_t *mem = malloc((size_t)n * 6u * sizeof *mem);
+    uint32_t *mem = malloc((size_t)n * 7u * sizeof *mem);
     if (!mem)
         return kvt__err(KVT_ENOMEM, "kvt_policy_load: cannot allocate %u head records", n);
+    float *sim = (float *)(void *)(mem + 6u * (size_t)n);
     for (uint32_t i = 0; i < n; i++) {
         const uint8_t *r = b + KVT__PROF_HEADER + (size_t)KVT__PROF_RECORD * i;
-        if (!kvt__zero(r + 24, 8)) {
+        /* Version 1: the threshold's bytes are reserved (zero). */
+        const uint32_t from = version >= 2 ? 28u : 24u;
+        if (!kvt__zero(r + from, 32u - from)) {
             free(mem);
             return kvt__err(KVT_ECORRUPT, "data: record %u (layer %u, kv_head %u): reserved "
                             "fields are not zero", i, i / fg.n_kv_heads, i % fg.n_kv_heads);
         }
         for (uint32_t f = 0; f < 6; f++)
             mem[(size_t)f * n + i] = kvt__get32(r + 4 * f);
+        if (version >= 2) {
+            const uint32_t fb = kvt__get32(r + 24);
+            memcpy(&sim[i], &fb, sizeof fb);
+        } else {
+            sim[i] = KVT_RERANK_SIMILARITY_DEFAULT;
+        }
     }
     int rc = kvt__policy_build(out, &rg, mem, mem + n, mem + 2u * (size_t)n,
                                mem + 3u * (size_t)n, mem + 4u * (size_t)n, mem + 5u * (size_t)n,
-                               "data: ", KVT_ECORRUPT);
+                               sim, "data: ", KVT_ECORRUPT);
     free(mem);
     return rc;
 }

@@ -551,7 +551,7 @@ KVT_API int kvt_profiler_build_policy(const kvt_profiler *prof, const kvt_policy
                         "yet (record at least window_steps %u sets of every head)", prof->W);
     const uint32_t nh = prof->nh;
     kvt__hrank *hr = malloc((size_t)nh * sizeof *hr);
-    uint32_t *mem = malloc((size_t)nh * 6u * sizeof *mem);
+    uint32_t *mem = malloc((size_t)nh * 7u * sizeof *mem);
     uint32_t *stable = malloc((size_t)nh * sizeof *stable);
     uint64_t *cost = malloc((size_t)nh * KVT__W * sizeof *cost);
     double *value = malloc((size_t)nh * KVT__W * sizeof *value);
@@ -565,6 +565,7 @@ KVT_API int kvt_profiler_build_policy(const kvt_profiler *prof, const kvt_policy
     uint32_t *cls = mem, *k = mem + nh, *win = mem + 2u * (size_t)nh,
              *sink = mem + 3u * (size_t)nh, *local = mem + 4u * (size_t)nh,
              *iv = mem + 5u * (size_t)nh;
+    float *sim = (float *)(void *)(mem + 6u * (size_t)nh);
     for (uint32_t i = 0; i < nh; i++) {
         kvt_profiler_head_stats r;
         double ts_sum;
@@ -590,6 +591,7 @@ KVT_API int kvt_profiler_build_policy(const kvt_profiler *prof, const kvt_policy
     uint32_t ns = 0;
     for (uint32_t i = 0; i < nh; i++) {
         iv[i] = cls[i] == KVT_HEAD_UNSTABLE ? o.unstable_interval : o.stable_interval;
+        sim[i] = o.rerank_similarity;
         if (cls[i] == KVT_HEAD_STABLE)
             stable[ns++] = i;
     }
@@ -618,7 +620,7 @@ KVT_API int kvt_profiler_build_policy(const kvt_profiler *prof, const kvt_policy
         for (uint32_t j = 0; j < ns; j++)
             win[stable[j]] = choice[j] + 1u;
     }
-    rc = kvt__policy_build(out, &prof->g, cls, k, win, sink, local, iv, "base->", 0);
+    rc = kvt__policy_build(out, &prof->g, cls, k, win, sink, local, iv, sim, "base->", 0);
 out:
     free(hr);
     free(mem);

@@ -12,15 +12,22 @@ struct kvt_selector {
     kvt_vote vote;
     float vote_scale;
     uint32_t *k, *sink, *local, *interval; /* [L * H] */
+    float *sim; /* [L * H] the selection cache's thresholds (-1 = off) */
 };
+
 /* Scratch of one selection: G * np + np floats, np uint32 and np bytes,
- * plus 2 * G * D floats of query rows. */
+ * 3 * G * D floats of query rows, and for the key-reading methods (TOKEN,
+ * ORACLE) np block pointers and token counts and the kernel's scratch. */
 typedef struct kvt__sel_scratch {
     float *S;       /* [G][np] raw scores */
     float *vote;    /* [np] */
     uint32_t *idx;  /* [np] */
     uint8_t *mark;  /* [np] */
     float *qa, *qb; /* [G][D] each */
+    float *qc;      /* [G][D] the query rows, contiguous (TOKEN, ORACLE) */
+    const uint8_t **blk; /* [np] a page's block where its keys are read, or NULL */
+    uint32_t *ntok; /* [np] its tokens */
+    float *tbuf;    /* [KVT__TS_SCRATCH(G)] */
 } kvt__sel_scratch;
 KVT__HIDDEN size_t kvt__sel_scratch_bytes(uint32_t G, uint32_t D, uint32_t np);
 KVT__HIDDEN void kvt__sel_scratch_carve(kvt__sel_scratch *sc, void *mem, uint32_t G, uint32_t D,

@@ -24,8 +24,10 @@ KVT_API int kvt_selector_opts_init(kvt_selector_opts *opts)
     opts->sink_pages = 1;
     opts->local_pages = 1;
     opts->rerank_interval = 1;
+    opts->rerank_similarity = KVT_RERANK_SIMILARITY_DEFAULT;
     return 0;
 }
+
 
 static int kvt__budget_check(uint32_t k, uint32_t sink, uint32_t local, const char *prefix)
 {
@@ -52,6 +54,8 @@ KVT_API int kvt_selector_create(const kvt_geometry *geom, const kvt_selector_opt
         int rc = kvt__opts_copy(&o, sizeof o, opts, KVT__SELECTOR_OPTS_V1, "opts");
         if (rc)
             return rc;
+        if (opts->struct_size < offsetof(kvt_selector_opts, reserved))
+            o.rerank_similarity = KVT_RERANK_SIMILARITY_DEFAULT; /* the first layout */
     } else {
         kvt_selector_opts_init(&o);
     }
@@ -59,9 +63,9 @@ KVT_API int kvt_selector_create(const kvt_geometry *geom, const kvt_selector_opt
     int rc = kvt__geometry_resolve(geom, &g);
     if (rc)
         return rc;
-    if (o.method > KVT_SCORE_MEAN)
-        return kvt__err(KVT_EINVAL, "opts->method: %u is not a scoring method (minmax or "
-                        "mean)", o.method);
+    if (o.method > KVT_SCORE_ORACLE)
+        return kvt__err(KVT_EINVAL, "opts->method: %u is not a scoring method (minmax, mean, "
+                        "token or oracle)", o.method);
     if (o.vote > KVT_VOTE_SOFTVOTE)
         return kvt__err(KVT_EINVAL, "opts->vote: %u is not a vote (sum, max or softvote)",
                         o.vote);
@@ -73,6 +77,10 @@ KVT_API int kvt_selector_create(const kvt_geometry *geom, const kvt_selector_opt
     if (!(o.vote_scale >= 0.0f) || isinf(o.vote_scale))
         return kvt__err(KVT_EINVAL, "opts->vote_scale: %g is not a finite value >= 0",
                         (double)o.vote_scale);
+    if ((rc = kvt__similarity_check(o.rerank_similarity, "opts->rerank_similarity")))
+        return rc;
+    if (o.reserved)
+        return kvt__err(KVT_EINVAL, "opts->reserved: must be zero");
     kvt_selector *sel = calloc(1, sizeof *sel);
     if (!sel)
         return kvt__err(KVT_ENOMEM, "kvt_selector_create: cannot allocate the selector");
@@ -81,7 +89,8 @@ KVT_API int kvt_selector_create(const kvt_geometry *geom, const kvt_selector_opt
     sel->sink = malloc(n * sizeof *sel->sink);
     sel->local = malloc(n * sizeof *sel->local);
     sel->interval = malloc(n * sizeof *sel->interval);
-    if (!sel->k || !sel->sink || !sel->local || !sel->interval) {
+    sel->sim = malloc(n * sizeof *sel->sim);
+    if (!sel->k || !sel->sink || !sel->local || !sel->interval || !sel->sim) {
         kvt_selector_destroy(sel);
         return kvt__err(KVT_ENOMEM, "kvt_selector_create: cannot allocate %zu head budgets", n);
     }
@@ -90,6 +99,7 @@ KVT_API int kvt_selector_create(const kvt_geometry *geom, const kvt_selector_opt
         sel->sink[i] = o.sink_pages;
         sel->local[i] = o.local_pages;
         sel->interval[i] = o.rerank_interval;
+        sel->sim[i] = o.rerank_similarity;
     }
     sel->g = g;
     sel->method = o.method;
@@ -107,6 +117,7 @@ KVT_API void kvt_selector_destroy(kvt_selector *sel)
     free(sel->sink);
     free(sel->local);
     free(sel->interval);
+    free(sel->sim);
     free(sel);
 }
 
@@ -192,6 +203,22 @@ KVT_API int kvt_selector_rerank_interval_set(kvt_selector *sel, uint32_t layer,
     return 0;
 }
 
+KVT_API int kvt_selector_rerank_similarity_set(kvt_selector *sel, uint32_t layer,
+                                               uint32_t kv_head, float threshold)
+{
+    uint32_t l0 = 0, l1 = 0, h0 = 0, h1 = 0;
+    KVT__CHECK_NULL(sel);
+    int rc = kvt__sel_range(sel, layer, kv_head, &l0, &l1, &h0, &h1, true);
+    if (rc)
+        return rc;
+    if ((rc = kvt__similarity_check(threshold, "threshold")))
+        return rc;
+    for (uint32_t l = l0; l < l1; l++)
+        for (uint32_t h = h0; h < h1; h++)
+            sel->sim[(size_t)l * sel->g.n_kv_heads + h] = threshold;
+    return 0;
+}
+
 int kvt__selector_match(const kvt_selector *sel, const kvt_pool *p)
 {
     static const char *const names[] = {"n_layers", "n_kv_heads", "n_q_heads", "head_dim",
@@ -210,8 +237,9 @@ int kvt__selector_match(const kvt_selector *sel, const kvt_pool *p)
 /* ---- scoring ------------------------------------------------------------ */
 size_t kvt__sel_scratch_bytes(uint32_t G, uint32_t D, uint32_t np)
 {
-    size_t n = ((size_t)G * np + np) * sizeof(float) + (size_t)np * sizeof(uint32_t) +
-               2u * (size_t)G * D * sizeof(float) + np;
+    size_t n = (size_t)np * sizeof(void *) + ((size_t)G * np + np) * sizeof(float) +
+               (size_t)np * sizeof(uint32_t) * 2u + 3u * (size_t)G * D * sizeof(float) +
+               KVT__TS_SCRATCH(G) * sizeof(float) + np;
     return (n + 63u) & ~(size_t)63u;
 }
 
@@ -219,17 +247,80 @@ void kvt__sel_scratch_carve(kvt__sel_scratch *sc, void *mem, uint32_t G, uint32_
                             uint32_t np)
 {
     uint8_t *b = mem;
-    sc->qa = (float *)b;
+    sc->blk = (const uint8_t **)(void *)b; /* first: pointer-aligned */
+    b += (size_t)np * sizeof(void *);
+    sc->qa = (float *)(void *)b;
     b += (size_t)G * D * sizeof(float);
-    sc->qb = (float *)b;
+    sc->qb = (float *)(void *)b;
     b += (size_t)G * D * sizeof(float);
-    sc->S = (float *)b;
+    sc->qc = (float *)(void *)b;
+    b += (size_t)G * D * sizeof(float);
+    sc->tbuf = (float *)(void *)b;
+    b += KVT__TS_SCRATCH(G) * sizeof(float);
+    sc->S = (float *)(void *)b;
     b += (size_t)G * np * sizeof(float);
-    sc->vote = (float *)b;
+    sc->vote = (float *)(void *)b;
     b += (size_t)np * sizeof(float);
-    sc->idx = (uint32_t *)b;
+    sc->idx = (uint32_t *)(void *)b;
+    b += (size_t)np * sizeof(uint32_t);
+    sc->ntok = (uint32_t *)(void *)b;
     b += (size_t)np * sizeof(uint32_t);
     sc->mark = b;
+}
+
+/* Raw TOKEN / ORACLE scores of the np pages into sc->S (rows G apart by np):
+ * from the keys where this host reads them (the device tier, or the host
+ * tier on the CPU backend: the block tables name a block only once its copy
+ * has landed), else from the page's MINMAX bound (ORACLE: plus ln(tokens)
+ * / c, so the bound stays above the page's log-sum-exp). */
+static void kvt__sel_tscore(const kvt_selector *sel, const kvt_pool *p, const kvt__seq *s,
+                            uint32_t layer, uint32_t head, uint32_t G, uint32_t np,
+                            kvt__sel_scratch *sc)
+{
+    const uint32_t D = p->g.head_dim, P = p->g.page_tokens, tokens = s->n_tokens[layer];
+    const bool oracle = sel->method == KVT_SCORE_ORACLE;
+    const float c = oracle ? sel->vote_scale : 0.0f;
+    const kvt__attn_shape sh = {G, D, P, p->g.dtype};
+    const size_t base = kvt__lh(p, layer, head) * s->cap_pages;
+    const uint32_t *slots = s->meta_slot + base;
+    for (uint32_t pg = 0; pg < np; pg++) {
+        const uint32_t db = s->dev_block[base + pg], hb = s->host_block[base + pg];
+        sc->blk[pg] = db ? kvt__arena_block(&p->tier[KVT_TIER_DEVICE], db)
+                      : hb ? kvt__arena_block(&p->tier[KVT_TIER_HOST], hb)
+                           : NULL;
+        const uint32_t left = tokens - pg * P;
+        sc->ntok[pg] = left < P ? left : P;
+    }
+    for (uint32_t pg = 0; pg < np;) {
+        const bool keys = sc->blk[pg] != NULL;
+        uint32_t j = pg + 1;
+        while (j < np && (sc->blk[j] != NULL) == keys)
+            j++;
+        if (keys) {
+            p->kern->tscore(&sh, sc->qc, sc->blk + pg, sc->ntok + pg, j - pg, c, sc->S + pg, np,
+                            sc->tbuf);
+        } else {
+            p->kern->score(&sh, KVT_SCORE_MINMAX, sc->qa, sc->qb, p->meta.base,
+                           p->meta.block_bytes, slots + pg, j - pg, sc->S + pg, np);
+            for (uint32_t g = 0; oracle && g < G; g++)
+                for (uint32_t x = pg; x < j; x++)
+                    sc->S[(size_t)g * np + x] += logf((float)sc->ntok[x]) / c;
+        }
+        pg = j;
+    }
+    /* A non-finite key or query element: no defined score (the vote makes
+     * the page, or every page of that row, +infinity). */
+    for (uint32_t pg = 0; pg < np; pg++)
+        if (s->res[base + pg] & KVT__RES_NONFINITE)
+            for (uint32_t g = 0; g < G; g++)
+                sc->S[(size_t)g * np + pg] = NAN;
+    for (uint32_t g = 0; g < G; g++) {
+        bool fin = true;
+        for (uint32_t d = 0; d < D; d++)
+            fin = fin && isfinite(sc->qc[(size_t)g * D + d]);
+        for (uint32_t pg = 0; !fin && pg < np; pg++)
+            sc->S[(size_t)g * np + pg] = NAN;
+    }
 }
 
 void kvt__sel_score(const kvt_selector *sel, const kvt_pool *p, const kvt__seq *s,
@@ -241,10 +332,11 @@ void kvt__sel_score(const kvt_selector *sel, const kvt_pool *p, const kvt__seq *
     const uint32_t G1 = G / nq;
     const kvt__attn_shape sh = {G, D, p->g.page_tokens, p->g.dtype};
     const size_t GD1 = (size_t)G1 * D;
+    const bool keys = sel->method >= KVT_SCORE_TOKEN;
     for (uint32_t j = 0; j < nq; j++) {
         const float *qj = q + (size_t)j * qstride;
         float *qa = sc->qa + j * GD1, *qb = sc->qb + j * GD1;
-        if (sel->method == KVT_SCORE_MINMAX) {
+        if (sel->method != KVT_SCORE_MEAN) { /* TOKEN and ORACLE: for the bounds */
             for (size_t i = 0; i < GD1; i++) {
                 qa[i] = qj[i] > 0.0f ? qj[i] : 0.0f;
                 qb[i] = qj[i] < 0.0f ? qj[i] : 0.0f;
@@ -252,12 +344,19 @@ void kvt__sel_score(const kvt_selector *sel, const kvt_pool *p, const kvt__seq *
         } else {
             memcpy(qa, qj, GD1 * sizeof(float));
         }
+        if (keys)
+            memcpy(sc->qc + j * GD1, qj, GD1 * sizeof(float));
     }
-    const uint32_t *slots = s->meta_slot + kvt__lh(p, layer, head) * s->cap_pages;
-    p->kern->score(&sh, sel->method, sc->qa, sc->qb, p->meta.base, p->meta.block_bytes, slots,
-                   np, sc->S, np);
+    if (keys) {
+        kvt__sel_tscore(sel, p, s, layer, head, G, np, sc);
+    } else {
+        const uint32_t *slots = s->meta_slot + kvt__lh(p, layer, head) * s->cap_pages;
+        p->kern->score(&sh, sel->method, sc->qa, sc->qb, p->meta.base, p->meta.block_bytes,
+                       slots, np, sc->S, np);
+    }
     float *v = sc->vote;
-    switch (sel->vote) {
+    /* The oracle's vote is the attention mass: SOFTVOTE of its log-sum-exps. */
+    switch (sel->method == KVT_SCORE_ORACLE ? KVT_VOTE_SOFTVOTE : sel->vote) {
     case KVT_VOTE_SUM:
         memcpy(v, sc->S, np * sizeof(float));
         for (uint32_t g = 1; g < G; g++) {

@@ -134,6 +134,7 @@ size_t kvt__step_carve(kvt_step *st, const kvt__step_sizes *z, void *base)
     KVT__TAKE(sel_off, z->nh);
     KVT__TAKE(sel_cnt, z->nh);
     KVT__TAKE(sel_rr, z->nh);
+    KVT__TAKE(sim_rr, z->nh);
     KVT__TAKE(task0, z->nh);
     KVT__TAKE(ntask, z->nh);
     KVT__TAKE(pending, z->nh);
@@ -282,11 +283,13 @@ KVT_API int kvt_step_plan(kvt_pool *pool, const kvt_seq_id *seqs, uint32_t n_seq
     uint32_t np_max = 1;
     uint32_t kmax = 0, smax = 0, lmax = 0, imax = 1;
     const uint32_t *ak = NULL, *asink = NULL, *alocal = NULL, *aiv = NULL;
+    const float *asim = NULL;
     if (o.selector) {
         ak = pol ? pol->k : o.selector->k;
         asink = pol ? pol->sink : o.selector->sink;
         alocal = pol ? pol->local : o.selector->local;
         aiv = pol ? pol->interval : o.selector->interval;
+        asim = pol ? pol->sim : o.selector->sim;
         const size_t nb = (size_t)L * H;
         for (size_t b = 0; b < nb; b++) {
             kmax = ak[b] > kmax ? ak[b] : kmax;
@@ -295,6 +298,8 @@ KVT_API int kvt_step_plan(kvt_pool *pool, const kvt_seq_id *seqs, uint32_t n_seq
             imax = aiv[b] > imax ? aiv[b] : imax;
         }
     }
+    /* The selection cache decides on the host (CPU backend) only. */
+    const float *host_sim = pool->be_caps & KVT__BE_NO_HOST_SELECT ? NULL : asim;
     uint64_t part_total = 0; /* floats of the decode tasks' partial results */
     const size_t lpart = 2u + (size_t)D; /* per query row: m, l and the output row */
     for (uint32_t i = 0; i < n_seqs; i++) {
@@ -327,7 +332,7 @@ KVT_API int kvt_step_plan(kvt_pool *pool, const kvt_seq_id *seqs, uint32_t n_seq
             goto out_free;
         np_max = np > np_max ? np : np_max;
         if (tiered)
-            kvt__place_promote_bound(pool, s, ak, aiv, &need_pm, &pm_total);
+            kvt__place_promote_bound(pool, s, ak, aiv, host_sim, &need_pm, &pm_total);
         /* The new tokens' pages are forced too: at most nn / P + 2 of them. */
         const uint32_t lnew = nn > 1 ? lmax + (nn + P - 1) / P + 1u : lmax;
         if (tiered && nn > 1) {
@@ -356,7 +361,7 @@ KVT_API int kvt_step_plan(kvt_pool *pool, const kvt_seq_id *seqs, uint32_t n_seq
         for (uint32_t i = 0; i < n_seqs; i++)
             kvt__mover_drain_seq(pool->mover, ss[i]);
         for (uint32_t i = 0; i < n_seqs; i++)
-            kvt__place_promote_bound(pool, ss[i], ak, aiv, &need_pm, &pm2);
+            kvt__place_promote_bound(pool, ss[i], ak, aiv, host_sim, &need_pm, &pm2);
     }
     if (need + need_pm > pool->tier[KVT_TIER_DEVICE].n_free) {
         rc = kvt__err(KVT_ENOSPC, "device tier: the step's appends%s need up to %llu blocks, "
@@ -441,6 +446,7 @@ KVT_API int kvt_step_plan(kvt_pool *pool, const kvt_seq_id *seqs, uint32_t n_seq
     st->sink = asink;
     st->local = alocal;
     st->interval = aiv;
+    st->sim = asim;
     st->prof = prof;
     memset(st->recorded, 0, L);
     st->flags = o.flags;

@@ -12,6 +12,7 @@ struct kvt_step {
     /* Per-head budget and interval, [L * H]: the policy's when the plan has
      * one, else the selector's. */
     const uint32_t *k, *sink, *local, *interval;
+    const float *sim;         /* [L * H] the selection cache's thresholds */
     kvt_profiler *prof;       /* records the top-K sets of reranked heads */
     uint8_t *recorded;        /* [L] layer already recorded in this step */
     /* The per-plan arrays below (those with a size in brackets) are carved
@@ -45,6 +46,8 @@ struct kvt_step {
 
     uint32_t *sel_off, *sel_cnt; /* [n * H] */
     uint8_t *sel_rr;          /* [n * H] rescored */
+    uint8_t *sim_rr;          /* [n * H] ... because its query drifted (the
+                                 selection cache) */
     uint32_t *task0, *ntask;  /* [n * H] decode tasks of each (seq, head) */
     _Atomic uint32_t *pending; /* [n * H] tasks left before the merge */
     size_t cap_sel;

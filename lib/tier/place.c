@@ -546,6 +546,18 @@ int kvt__place_warmup(kvt_pool *pool, kvt__seq *s, kvt_seq_id seq, const float *
                                   s->sel.topk + lh * s->sel.topk_cap, &nk);
                     s->sel.topk_n[lh] = nk;
                     s->sel.topk_k[lh] = K + 1u;
+                    /* The selection cache's reference: the group mean of
+                     * the last observed query, the one next to the first
+                     * step's. */
+                    float *qr = s->sel.qref + lh * D;
+                    const float *qo = obs_queries +
+                                      (((size_t)l * n_obs + n_obs - 1u) * Hq + (size_t)h * G) * D;
+                    for (uint32_t d = 0; d < D; d++) {
+                        float sum = 0.0f;
+                        for (uint32_t g = 0; g < G; g++)
+                            sum += qo[(size_t)g * D + d];
+                        qr[d] = sum / (float)G;
+                    }
                 }
             }
         }

@@ -108,7 +108,8 @@ bool kvt__head_due(const kvt_pool *p, const kvt__seq *s, uint32_t layer, size_t 
  * step's token and not be evictable yet (the new page itself is counted
  * with the appends). */
 void kvt__place_promote_bound(const kvt_pool *p, const kvt__seq *s, const uint32_t *ak,
-                               const uint32_t *aiv, uint64_t *need, uint64_t *pm)
+                               const uint32_t *aiv, const float *asim, uint64_t *need,
+                               uint64_t *pm)
 {
     const uint32_t L = p->g.n_layers, H = p->g.n_kv_heads, P = p->g.page_tokens;
     for (uint32_t l = 0; l < L; l++) {
@@ -120,7 +121,8 @@ void kvt__place_promote_bound(const kvt_pool *p, const kvt__seq *s, const uint32
             /* Room for every stable head's promotions, due or not: a failed
              * warm-up makes all of a sequence's heads rescore mid-step. */
             *pm += ak[lh] < np + 1u ? ak[lh] : np + 1u;
-            if (!kvt__head_due(p, s, l, lh, ak[lh], aiv[lh], true))
+            if (!kvt__head_due(p, s, l, lh, ak[lh], aiv[lh], true) &&
+                !(asim && asim[lh] > -1.0f))
                 continue;
             const uint32_t sink = p->pol->sink[lh], local = p->pol->local[lh];
             uint64_t dev = 0, stuck = 0, forced = 0;

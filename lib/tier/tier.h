@@ -276,11 +276,12 @@ typedef struct kvt__evc {
 KVT__HIDDEN bool kvt__head_due(const kvt_pool *p, const kvt__seq *s, uint32_t layer, size_t lh,
                                uint32_t k, uint32_t iv, bool tiered);
 /* Adds to *need the device blocks the reranks of s's due stable heads (at
- * budgets ak[L * H], intervals aiv[L * H]) may take beyond what they give
+ * budgets ak[L * H], intervals aiv[L * H]; a head the selection cache may
+ * rescore, asim[lh] > -1, counts as due) may take beyond what they give
  * back, and to *pm the promotions they may issue. */
 KVT__HIDDEN void kvt__place_promote_bound(const kvt_pool *p, const kvt__seq *s,
                                           const uint32_t *ak, const uint32_t *aiv,
-                                          uint64_t *need, uint64_t *pm);
+                                          const float *asim, uint64_t *need, uint64_t *pm);
 /* The fused recycle of stable head h of `layer` of s (sequence seq_index of
  * the step, id `id`) after a rerank selected the sorted pages sel[cnt] at
  * budget k: lookahead eviction keeps up to k x window non-forced pages, the

@@ -103,7 +103,7 @@ static void fx_open(fx *f)
         w[b] = 1 + b % 2;
         iv[b] = cls[b] == KVT_HEAD_UNSTABLE ? 1 : 3;
     }
-    kvt_policy_heads hd = {sizeof hd, LH, cls, k, w, NULL, NULL, iv};
+    kvt_policy_heads hd = {sizeof hd, LH, cls, k, w, NULL, NULL, iv, NULL};
     TU_OK(kvt_policy_create_heads(&g, NULL, &hd, &f->pol));
     kvt_selector_opts so = KVT_SELECTOR_OPTS_INIT;
     TU_OK(kvt_selector_create(&g, &so, &f->sel));

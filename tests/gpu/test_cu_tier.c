@@ -233,7 +233,7 @@ static void make_policy(fx *f, const kvt_geometry *g)
         local[b] = 1;
         iv[b] = b % N_KV_HEADS == 3 ? 1 : 2 + b % 3;
     }
-    kvt_policy_heads hd = {sizeof hd, NLH, cls, k, w, sink, local, iv};
+    kvt_policy_heads hd = {sizeof hd, NLH, cls, k, w, sink, local, iv, NULL};
     TU_OK(kvt_policy_create_heads(g, NULL, &hd, &f->pol));
 }
 
