@@ -179,7 +179,8 @@ PROG_RPATH := -Wl,-rpath,'$$ORIGIN/../lib'
 # Tests of the public ABI link the shared library; tests of internal helpers
 # (kvt__*) link the static one.
 TESTS_SHARED := test_errors test_opts test_pool test_append test_random test_c_headers \
-                test_select test_decode test_step test_mover test_policy test_place test_multi
+                test_select test_decode test_step test_mover test_policy test_place test_multi \
+                test_tokenselect
 TESTS_STATIC := test_convert test_crc32c test_mckp test_profiler test_contract test_redis_slot
 # Static tests with the tier helpers (tests/tiertest.c).
 TESTS_STATIC_TIER := test_share
@@ -292,7 +293,7 @@ endif
 DECODE_SRCS := examples/decode/main.c examples/decode/engine.c examples/decode/model.c \
                examples/decode/gguf.c examples/decode/tokenizer.c examples/decode/session.c \
                examples/decode/draft.c examples/decode/prefill_ab.c examples/decode/prefix_demo.c \
-               examples/decode/remote_run.c
+               examples/decode/remote_run.c examples/decode/selmass.c
 DECODE_HDRS := $(wildcard examples/decode/*.h)
 $(O)/bin/kvtier-decode: $(DECODE_SRCS) $(DECODE_HDRS) $(LIB_SO)
 	@mkdir -p $(dir $@)
@@ -315,7 +316,7 @@ TEST_CFLAGS = -std=c11 -D_GNU_SOURCE -Iinclude -Ilib/core $(WARN) -Wno-conversio
 # for the fault tests); the recipes compile every .c prerequisite.
 TIERTEST_SRCS  := tests/tiertest.c
 PLACETEST_SRCS := tests/placetest.c $(TIERTEST_SRCS)
-$(O)/tests/test_mover $(O)/tests/test_mover_faults: $(TIERTEST_SRCS)
+$(O)/tests/test_mover $(O)/tests/test_mover_faults $(O)/tests/test_tokenselect: $(TIERTEST_SRCS)
 $(O)/tests/test_place $(O)/tests/test_place_faults $(O)/tests/test_multi: $(PLACETEST_SRCS)
 # The prefix cache tests: tests/prefixtest.c too.
 PREFIXTEST_SRCS := tests/prefixtest.c $(PLACETEST_SRCS)
@@ -358,7 +359,7 @@ $(O)/tests/test_tokenizer: tests/test_tokenizer.c examples/decode/tokenizer.c ex
 	  examples/decode/gguf.c -o $@ $(CMOCKA_LIBS) $(LDFLAGS) -lm
 
 DECODE_LIB_SRCS := examples/decode/engine.c examples/decode/model.c examples/decode/gguf.c \
-                   examples/decode/tokenizer.c
+                   examples/decode/tokenizer.c examples/decode/selmass.c
 $(O)/tests/test_decode_model: tests/test_decode_model.c $(DECODE_LIB_SRCS) $(DECODE_HDRS) \
                               tests/testutil.h tests/gguf_writer.h $(LIB_SO)
 	@mkdir -p $(dir $@)

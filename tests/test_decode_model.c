@@ -733,7 +733,8 @@ static void run_forward(int tied)
     for (int p = 0; p < T_PROMPT; p++)
         ref_step(R, prompt[p], p, 0, rl);
 
-    const engine_opts eo = {.budget = 100000, .threads = 2, .policy = NULL, .disk = NULL};
+    const engine_opts eo = {.budget = 100000, .threads = 2, .policy = NULL, .disk = NULL,
+                            .rerank_sim = NAN};
     kvcache kc[2];
     kv_open(&kc[0], &m, &eo, 0, CTX);
     kv_open(&kc[1], &m, &eo, 1, CTX);

@@ -100,6 +100,11 @@ void kv_open(kvcache *kc, const model *m, const engine_opts *o, int tiered, uint
         const uint32_t P = po.geom.page_tokens, nlh = c->n_layers * c->n_kv_heads;
         if (o->policy) {
             CHECK(kvt_policy_load(o->policy, &po.geom, &kc->pol));
+            if (o->interval || o->rerank_sim == o->rerank_sim) {
+                fprintf(stderr, PROG ": --interval and --rerank-sim set the built-in policy; "
+                        "a --policy file carries its own\n");
+                exit(2);
+            }
         } else {
             kvt_head_class *cls = xmalloc(nlh * sizeof *cls);
             for (uint32_t i = 0; i < nlh; i++)
@@ -107,11 +112,20 @@ void kv_open(kvcache *kc, const model *m, const engine_opts *o, int tiered, uint
             kvt_policy_opts pol;
             CHECK(kvt_policy_opts_init(&pol));
             pol.top_k_pages = (o->budget + P - 1) / P;
+            if (o->interval)
+                pol.stable_interval = o->interval;
+            if (o->rerank_sim == o->rerank_sim) /* not NaN: given */
+                pol.rerank_similarity = o->rerank_sim;
             kvt_policy_heads ph = {.struct_size = sizeof ph, .n_heads = nlh, .head_class = cls};
             CHECK(kvt_policy_create_heads(&po.geom, &pol, &ph, &kc->pol));
             free(cls);
         }
-        CHECK(kvt_selector_create(&po.geom, NULL, &kc->sel));
+        kvt_selector_opts so;
+        CHECK(kvt_selector_opts_init(&so));
+        so.method = o->method;
+        if (o->method == KVT_SCORE_TOKEN)
+            so.vote = KVT_VOTE_SOFTVOTE;
+        CHECK(kvt_selector_create(&po.geom, &so, &kc->sel));
         po.policy = kc->pol;
         po.selector = kc->sel;
     }
@@ -276,6 +290,10 @@ void engine_step(const model *m, kvcache *kc, const int32_t *toks, uint32_t n, u
         double tc = now_s();
         CHECK(kvt_step_decode(st, l, w->q, w->att, NULL));
         double td = now_s();
+        if (kc->mass_due && !dense && n == 1) { /* measured, then left out of the time */
+            selmass_layer(kc, st, l, w->q, c);
+            t0 += now_s() - td;
+        }
         kc->t_append += tb - ta;
         kc->t_select += tc - tb;
         kc->t_attend += td - tc;

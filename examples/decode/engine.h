@@ -28,6 +28,10 @@ typedef struct engine_opts {
     uint32_t chunk;      /* prefill chunk (tokens per kvtier step); 0 = the engine's GEMM */
     int prefix_cache;    /* the pool keeps full pages for later requests (KVT_POOL_PREFIX_CACHE) */
     const kvt_remote_opts *remote; /* the remote tier (with the prefix cache), or NULL */
+    /* The tiered cache's selection (--selector, --interval, --rerank-sim): */
+    uint32_t method;     /* KVT_SCORE_*; TOKEN votes by SOFTVOTE, as TokenSelect */
+    uint32_t interval;   /* stable heads' rerank interval; 0 = the policy's (16) */
+    float rerank_sim;    /* the selection cache's threshold; NaN = the default */
 } engine_opts;
 
 /* ---- one KV cache: a pool and the sequence in it ----------------------------------- */
@@ -42,12 +46,22 @@ typedef struct kvcache {
     double t_prefill_kv;  /* seconds in kvt_seq_append + warm-up */
     double t_append, t_select, t_attend; /* decode: kvt_step_append, rerank, sparse decode */
     double t_plan;        /* decode: kvt_step_plan + kvt_step_finish */
+    /* The attention mass the selection kept (selmass.c): measured at the
+     * decode steps for which mass_due is set, outside the timers. */
+    int mass_due;
+    double mass_sum;      /* sum over measured (layer, query head) */
+    uint64_t mass_n;
 } kvcache;
 
 /* Creates the pool (tiered: policy, selector, host tier sized for every
  * page, or 25% of it with a disk tier) and one sequence, for ctx tokens.
  * Exits with the library's message on failure. */
 void kv_open(kvcache *kc, const model *m, const engine_opts *o, int tiered, uint32_t ctx);
+/* Adds to kc->mass_sum / mass_n, for every query head of `layer` of the
+ * step's one sequence, the share of its softmax (over every stored token,
+ * double precision, at 1/sqrt(head_dim)) that falls on the pages the
+ * step selected for its KV head (selmass.c). q: the layer's queries. */
+void selmass_layer(kvcache *kc, kvt_step *st, uint32_t layer, const float *q, const model_cfg *c);
 void kv_close(kvcache *kc);
 
 typedef struct work {

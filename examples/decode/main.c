@@ -79,6 +79,9 @@ typedef struct opts {
     uint32_t prefix_demo; /* requests of --prefix-demo (0 = off) */
     uint32_t question;    /* their question tokens */
     uint32_t budget, threads, ctx, gen, prompt_tokens, samples, chunk, draft;
+    uint32_t method, interval; /* --selector, --interval */
+    uint32_t prompt_gen;       /* --prompt-gen N */
+    float rerank_sim;          /* --rerank-sim (NaN: the default) */
     uint64_t seed;
     float temp, top_p;
 } opts;
@@ -91,6 +94,9 @@ static const char usage[] =
     "  --prompt TEXT | --prompt-file FILE   text prompt (needs a tokenizer)\n"
     "  --prompt-tokens N    synthetic prompt of N token ids (default 16384 for the\n"
     "                       embedded model, 64 otherwise) when no text is given\n"
+    "  --prompt-gen N       the prompt is N tokens the model samples itself from BOS\n"
+    "                       (temperature 1, --seed): text-like context without a\n"
+    "                       tokenizer\n"
     "  --kv dense|tiered    KV placement (default tiered)\n"
     "  --budget N           tokens each head attends (top-K pages; default 1024)\n"
     "  --policy FILE        head-stability profile (kvtier-profile(5)); default: every\n"
@@ -102,6 +108,16 @@ static const char usage[] =
     "  --temp T --top-p P   sampling (default greedy: temp 0)\n"
     "  --seed N             sampling and synthetic-prompt seed (default 1)\n"
     "  --compare            run dense and tiered on the same prompt; report agreement\n"
+    "                       and the attention mass the selection kept (kept_mass)\n"
+    "  --selector M         the tiered cache's page scores: minmax (Quest's bound, the\n"
+    "                       default), mean, token (TokenSelect: exact q.k of every\n"
+    "                       key, soft-voted) or oracle (the true attention mass, as\n"
+    "                       slow as dense: a yardstick)\n"
+    "  --interval N         the built-in policy's rerank interval of stable heads\n"
+    "                       (default 16)\n"
+    "  --rerank-sim X       the selection cache: rescore a head between its reranks\n"
+    "                       when its query's cosine similarity to the last rerank's\n"
+    "                       falls below X (-1 = never; default 0.9)\n"
     "  --samples N          N samples of the prompt, forks sharing its pages (with --temp)\n"
     "  --chunk N            prefill through kvtier: dense steps of N new tokens each\n"
     "                       (default 512); 0 = the engine's own GEMM attention\n"
@@ -142,6 +158,7 @@ static void parse(int argc, char **argv, opts *o)
     o->seed = 1;
     o->top_p = 1.0f;
     o->chunk = 512;
+    o->rerank_sim = NAN;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
 #define ARG(name) (!strcmp(a, name) && (v || (die("%s needs a value", name), 0)) && ++i)
@@ -175,6 +192,25 @@ static void parse(int argc, char **argv, opts *o)
                 o->tiered = 1;
             else
                 die("--kv must be dense or tiered, not %s", v);
+        } else if (ARG("--selector")) {
+            static const char *const names[] = {"minmax", "mean", "token", "oracle"};
+            o->method = 4;
+            for (uint32_t m = 0; m < 4; m++)
+                if (!strcmp(v, names[m]))
+                    o->method = m;
+            if (o->method == 4)
+                die("--selector must be minmax, mean, token or oracle, not %s", v);
+        } else if (ARG("--prompt-gen")) {
+            o->prompt_gen = parse_u32(v, "--prompt-gen");
+        } else if (ARG("--interval")) {
+            o->interval = parse_u32(v, "--interval");
+            if (!o->interval)
+                die("--interval must be at least 1%s", "");
+        } else if (ARG("--rerank-sim")) {
+            char *end;
+            o->rerank_sim = strtof(v, &end);
+            if (*end || !(o->rerank_sim >= -1.0f && o->rerank_sim <= 1.0f))
+                die("--rerank-sim must be a number in -1 .. 1, not %s", v);
         } else if (ARG("--budget"))
             o->budget = parse_u32(v, "--budget");
         else if (ARG("--threads"))
@@ -388,6 +424,26 @@ int main(int argc, char **argv)
         T = (uint32_t)n;
         if (o.prompt_file)
             free(text);
+    } else if (o.prompt_gen) {
+        /* The model's own text: sampled at temperature 1 through a dense
+         * cache of its own, one token at a time. */
+        T = o.prompt_gen;
+        prompt = xmalloc(T * sizeof *prompt);
+        kvcache g;
+        const engine_opts geo = {1024, o.threads, NULL, NULL, 1, 0, 0, 0, 0, NULL, 0, 0, NAN};
+        kv_open(&g, &m, &geo, 0, T + 1);
+        work gw;
+        work_init(&gw, c);
+        prob *gps = xmalloc(c->vocab * sizeof *gps);
+        uint64_t s = 0x9e3779b97f4a7c15ull ^ o.seed;
+        prompt[0] = synthetic ? 0 : 1; /* llama2.c's BOS */
+        for (uint32_t i = 0; i + 1 < T; i++) {
+            engine_decode(&m, &g, prompt[i], i, &gw);
+            prompt[i + 1] = (int32_t)sample(gw.logits, c->vocab, 1.0f, 1.0f, &s, gps);
+        }
+        free(gps);
+        work_free(&gw);
+        kv_close(&g);
     } else {
         T = o.prompt_tokens ? o.prompt_tokens : synthetic ? 16384 : 64;
         prompt = xmalloc(T * sizeof *prompt);
@@ -414,7 +470,8 @@ int main(int argc, char **argv)
     if (o.remote)
         ro = remote_opts(o.remote, &m, fp);
     const engine_opts eo = {o.budget, o.threads, o.policy, o.disk, o.samples, o.gen,
-                            o.resume != NULL, o.chunk, 0, o.remote ? &ro : NULL};
+                            o.resume != NULL, o.chunk, 0, o.remote ? &ro : NULL,
+                            o.method, o.interval, o.rerank_sim};
     if (o.prefix_demo)
         return prefix_demo(&m, prompt, T, &eo, o.tiered, o.prefix_demo, o.question, o.seed,
                            o.json);
@@ -529,7 +586,11 @@ int main(int argc, char **argv)
             engine_decode(&m, &kc[0], tok, pos, &w);
             if (o.compare) {
                 memcpy(logits2, w.logits, c->vocab * sizeof *logits2); /* dense */
+                /* The kept mass on a sample of steps: every step of a small
+                 * context, every 16th past 4096 tokens (it reads every key). */
+                kc[1].mass_due = pos < 4096 || g2 % 16 == 0;
                 engine_decode(&m, &kc[1], tok, pos, &w);                 /* tiered */
+                kc[1].mass_due = 0;
                 compared++;
                 agree += argmax(logits2, c->vocab) == argmax(w.logits, c->vocab);
                 for (uint32_t i = 0; i < c->vocab; i++) {
@@ -605,9 +666,19 @@ int main(int argc, char **argv)
                 "(%.3f), %.2f tokens per verification\n", ds.verifies, o.draft, ds.accepted,
                 ds.drafted, ds.drafted ? (double)ds.accepted / ds.drafted : 0.0,
                 ds.verifies ? (double)ds.produced / ds.verifies : 0.0);
+    static const char *const sel_names[] = {"minmax", "mean", "token", "oracle"};
+    const double kept_mass = o.compare && kc[1].mass_n ? kc[1].mass_sum / (double)kc[1].mass_n : 1.0;
+    const uint64_t hsel = ts->head_selections - st0[nkc - 1].head_selections;
+    const double rescored = hsel ? (double)(ts->reranked_heads - st0[nkc - 1].reranked_heads) /
+                                       (double)hsel
+                                 : 0.0;
     if (o.compare) {
         fprintf(stderr, "compare: top-1 agreement %u/%u (%.3f), max |logit difference| %.4g\n",
                 agree, compared, compared ? (double)agree / compared : 1.0, max_diff);
+        fprintf(stderr, "selection: %s, kept %.4f of the attention mass; %.1f%% of head "
+                "selections rescored (%llu by the selection cache)\n", sel_names[o.method],
+                kept_mass, 100.0 * rescored,
+                (unsigned long long)(ts->similarity_reranks - st0[nkc - 1].similarity_reranks));
         /* At a glance: what the library is for. */
         const double dd = (double)st[0].tier[KVT_TIER_DEVICE].bytes_used;
         printf("dense  %7.1f tokens/s, device KV %7.1f MiB\n"
@@ -641,6 +712,12 @@ int main(int argc, char **argv)
                    "\"max_logit_diff\":%.5g,\"compared\":%u",
                    steps / kc[0].t_decode, kc[0].t_decode / tv->t_decode,
                    compared ? (double)agree / compared : 1.0, max_diff, compared);
+        if (tv->tiered)
+            printf(",\"selector\":\"%s\",\"rescored_fraction\":%.4f,"
+                   "\"similarity_reranks\":%llu", sel_names[o.method], rescored,
+                   (unsigned long long)(ts->similarity_reranks - st0[nkc - 1].similarity_reranks));
+        if (o.compare)
+            printf(",\"kept_mass\":%.4f", kept_mass);
         printf("}\n");
     }
     if (o.samples > 1) {
