@@ -557,9 +557,9 @@ typedef struct pool_ctx {
     const char *isa;
 } pool_ctx;
 
-enum { K_DENSE, K_SELECT, K_SPARSE, K_ATTEND, K_POLICY_SELECT, K_POLICY };
+enum { K_DENSE, K_SELECT, K_SPARSE, K_ATTEND, K_POLICY_SELECT, K_POLICY, K_SELECT_TOKEN };
 static const char *const kind_name[] = {"dense",  "select",        "sparse",
-                                        "attend", "policy_select", "policy"};
+                                        "attend", "policy_select", "policy", "select_token"};
 
 /* --policy: every fourth (layer, head) is unstable (25%), reranked every
  * step; the others rerank every POLICY_INTERVAL steps. A pass is one whole
@@ -654,6 +654,7 @@ static double run_pass(const pool_ctx *c, int kind, const kvt_selector *sel, dou
         }
         break;
     case K_SELECT:
+    case K_SELECT_TOKEN:
         t0 = bench_now();
         for (uint32_t l = 0; l < L; l++) {
             CHECK(kvt_step_select(st, l, q_of(c, l)));
@@ -683,7 +684,7 @@ static double measure(const pool_ctx *c, int kind, const kvt_selector *sel, doub
 {
     double v[1000];
     run_pass(c, kind, sel, selected);
-    if (kind != K_SELECT)
+    if (kind != K_SELECT && kind != K_SELECT_TOKEN)
         check_outputs(c, kind_name[kind]);
     for (uint32_t r = 0; r < c->o->reps; r++)
         v[r] = run_pass(c, kind, sel, NULL);
@@ -781,6 +782,7 @@ typedef struct summary {
     bool have, have_multi;
     double dense_ms, select_ms, sparse_ms, attend_ms, dense_bw_fraction, probe_gbps;
     double m_dense_ms, m_select_ms, m_sparse_ms, m_attend_ms; /* --multi's steps */
+    double token_select_ms; /* a rerank step's KVT_SCORE_TOKEN selection */
     bool have_policy;
     double policy_ms, policy_select_ms, policy_work_fraction;
 } summary;
@@ -898,6 +900,21 @@ static void bench_pool(const bench_opts *o, uint32_t ctx, uint32_t gqa, uint32_t
         double meta_bytes = (double)c.n_pages * H * 2.0 * D * elem;
         report(&c, K_SELECT, budget, select_s, meta_bytes, probe, selected);
 
+        /* TokenSelect's scores on a rerank step: every page's keys, K only. */
+        kvt_selector_opts tso;
+        CHECK(kvt_selector_opts_init(&tso));
+        tso.method = KVT_SCORE_TOKEN;
+        tso.vote = KVT_VOTE_SOFTVOTE;
+        kvt_selector *tsel;
+        CHECK(kvt_selector_create(&c.g, &tso, &tsel));
+        CHECK(kvt_selector_budget_set(tsel, KVT_ALL, KVT_ALL, budget / c.g.page_tokens, 1, 1));
+        double tselected = 0;
+        double token_select_s = measure(&c, K_SELECT_TOKEN, tsel, &tselected);
+        report(&c, K_SELECT_TOKEN, budget, token_select_s, dense_bytes / 2.0, probe, tselected);
+        fprintf(stderr, "  token scores: %.4f ms/layer, %.3f of dense\n", token_select_s * 1e3 / L,
+                token_select_s / dense_s);
+        kvt_selector_destroy(tsel);
+
         double sparse_s = measure(&c, K_SPARSE, sel, NULL);
         double sparse_bytes = selected * (double)c.block_bytes;
         report(&c, K_SPARSE, budget, sparse_s, sparse_bytes, probe, selected);
@@ -958,6 +975,7 @@ static void bench_pool(const bench_opts *o, uint32_t ctx, uint32_t gqa, uint32_t
             }
             sum->dense_ms = dense_s * 1e3 / L;
             sum->select_ms = select_s * 1e3 / L;
+            sum->token_select_ms = token_select_s * 1e3 / L;
             sum->sparse_ms = sparse_s * 1e3 / L;
             sum->attend_ms = attend_s * 1e3 / L;
             sum->dense_bw_fraction = dense_bytes * L / dense_s / 1e9 / probe;
@@ -1090,13 +1108,16 @@ int main(int argc, char **argv)
     if (sum.have)
         printf("{\"summary\":\"%s\",\"dense_ms\":%.4f,\"select_ms\":%.4f,\"sparse_ms\":%.4f,"
                "\"attend_ms\":%.4f,\"probe_gbps\":%.3f,\"sparse_speedup_32k\":%.3f,\"attend_speedup_32k\":%.3f,"
-               "\"select_fraction_32k\":%.4f,\"dense_bw_fraction_32k\":%.4f",
+               "\"select_fraction_32k\":%.4f,\"dense_bw_fraction_32k\":%.4f,"
+               "\"token_select_ms\":%.4f,\"token_select_fraction_32k\":%.4f",
                what, sum.dense_ms, sum.select_ms, sum.sparse_ms, sum.attend_ms, sum.probe_gbps,
                sum.dense_ms / sum.sparse_ms, sum.dense_ms / sum.attend_ms,
-               sum.select_ms / sum.dense_ms, sum.dense_bw_fraction);
+               sum.select_ms / sum.dense_ms, sum.dense_bw_fraction, sum.token_select_ms,
+               sum.token_select_ms / sum.dense_ms);
     else
         printf("{\"summary\":\"%s\",\"sparse_speedup_32k\":null,\"attend_speedup_32k\":null,"
-               "\"select_fraction_32k\":null,\"dense_bw_fraction_32k\":null",
+               "\"select_fraction_32k\":null,\"dense_bw_fraction_32k\":null,"
+               "\"token_select_fraction_32k\":null",
                what);
     if (sum.have_multi)
         printf(",\"verify5_dense_ms\":%.4f,\"verify5_sparse_ms\":%.4f,\"verify5_attend_ms\":%.4f,"
