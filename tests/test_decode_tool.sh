@@ -155,6 +155,34 @@ else
   echo "redis-server not installed: --remote not tried"
 fi
 
+# 9. Selection (--selector, kept_mass): with every page selected each
+#    selector keeps all the attention mass (kept_mass 1) and dense's logits;
+#    below the context each reports its mass in (0, 1), and --interval 1
+#    --rerank-sim -1 rescores every head selection. Bad values are refused.
+for sel in minmax mean token oracle; do
+  "$BIN" --prompt-tokens 300 --gen 6 --compare --budget 1000000 --selector $sel --json --quiet \
+    >"$TMP/sel.json" 2>"$TMP/sel.err" || { cat "$TMP/sel.err"; fail "--selector $sel"; }
+  [ "$(field kept_mass <"$TMP/sel.json")" = "1.0000" ] &&
+    [ "$(field max_logit_diff <"$TMP/sel.json")" = "0" ] &&
+    [ "$(field selector <"$TMP/sel.json")" = "\"$sel\"" ] ||
+    fail "--selector $sel, every page: $(cat "$TMP/sel.json")"
+  if [ -f "$M" ]; then
+    "$BIN" --model "$M" --prompt-gen 200 --gen 16 --compare --budget 64 --selector $sel \
+      --interval 1 --rerank-sim -1 --json --quiet >"$TMP/sel.json" 2>/dev/null ||
+      fail "stories260K --selector $sel"
+    km=$(field kept_mass <"$TMP/sel.json"); rf=$(field rescored_fraction <"$TMP/sel.json")
+    awk -v k="$km" -v r="$rf" 'BEGIN { exit !(k > 0 && k < 1 && r == 1) }' ||
+      fail "stories260K --selector $sel at 64 tokens: kept_mass $km, rescored $rf"
+    echo "stories260K --selector $sel, budget 64: kept_mass $km," \
+         "top-1 $(field top1_agreement <"$TMP/sel.json")"
+  fi
+done
+for bad in "--selector quest" "--rerank-sim 1.5" "--rerank-sim nan" "--interval 0"; do
+  # shellcheck disable=SC2086
+  "$BIN" --prompt-tokens 64 --gen 2 $bad >/dev/null 2>"$TMP/e"; rc=$?
+  [ $rc -ne 0 ] && [ -s "$TMP/e" ] || fail "$bad: rc $rc (want a refusal with a message)"
+done
+
 # 5. Malformed files: junk, wrong GGUF version, missing file.
 head -c 4096 /dev/urandom >"$TMP/junk.bin"
 printf 'GGUF\011\000\000\000' >"$TMP/v9.gguf"; head -c 64 /dev/zero >>"$TMP/v9.gguf"
