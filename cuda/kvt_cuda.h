@@ -150,13 +150,38 @@ KVT__HIDDEN int kvt__cu_append(const kvt__cu_append_args *a, void *stream);
  * MAX spread an item's pages over blockIdx.y (max_pages only sizes that
  * grid: any value is correct, a low one is slower); SOFTVOTE takes one
  * block per item (per-head maximum and sum over all its pages) and reads
- * the metadata twice. */
+ * the metadata twice.
+ *
+ * The key-reading methods (kvt__cu_score_ex with a kvt__cu_score_keys):
+ *  TOKEN   raw score of page i = max over its stored tokens t of q . k_t
+ *          (k_t the K row of the page's device block, pool dtype widened to
+ *          f32, f32 accumulation); page i of an item holds
+ *          min(P, tokens - i P) tokens (none, raw -inf, when tokens <= i P).
+ *  ORACLE  raw score = (1/c) ln sum_t exp(c q . k_t), c = vote_scale (> 0),
+ *          computed as m + ln(sum_t exp(c (q . k_t - m))) / c with m the
+ *          largest q . k_t; the vote is SOFTVOTE whatever a->vote says.
+ * A page whose entry d_dev_table[table_off + i] is 0 (no device copy: the
+ * host tables name a device block only once its bytes are there, so a page
+ * only on host or disk, or still on its way to the device, has none) is
+ * scored from its metadata instead: its MINMAX bound, plus ln(ntok) / c for
+ * ORACLE - never below the exact value. A non-finite q . k_t (a NaN or
+ * infinite key, or an overflow) makes the page's raw score NaN (vote +inf,
+ * as the CPU's KVT__RES_NONFINITE pages), and a query row with a non-finite
+ * element scores NaN on every page (the CPU's rule). Only K rows are read.
+ * Lanes split a page's tokens (8 lanes a page, each its tokens t = lane,
+ * lane + 8, ... in registers against the staged query rows); the lanes'
+ * (max, sum of exp) meet by shuffles. SOFTVOTE keeps the raw scores of the
+ * first pass in d_work when given (kvt__cu_score_workspace_bytes(a)
+ * bytes; items with n_pages > max_pages, or d_work NULL: the second pass
+ * reads the keys again). Finite votes: within the f32 rounding of the dot
+ * products (tests/gpu compare with a double reference). */
 typedef struct kvt__cu_score_item {
     uint64_t q_off;
-    uint64_t table_off;
+    uint64_t table_off;  /* into d_meta_table and (TOKEN, ORACLE) d_dev_table */
     uint64_t vote_off;
     uint32_t n_pages;
-    uint32_t reserved;
+    uint32_t tokens;     /* TOKEN, ORACLE: tokens stored in the item's pages
+                            (n_pages = ceil(tokens / P)); unused otherwise */
 } kvt__cu_score_item;
 
 typedef struct kvt__cu_score_args {
@@ -165,19 +190,42 @@ typedef struct kvt__cu_score_args {
     uint32_t G, D;
     kvt_dtype dtype;
     uint32_t method;   /* KVT_SCORE_* */
-    uint32_t vote;     /* KVT_VOTE_* */
+    uint32_t vote;     /* KVT_VOTE_* (ORACLE: always SOFTVOTE) */
     float vote_scale;
-    uint32_t max_pages; /* >= every item's n_pages (sizes the grid; a hint) */
+    uint32_t max_pages; /* >= every item's n_pages (sizes the grid and the
+                           workspace; a hint) */
     const float *d_q;
     const uint32_t *d_meta_table;
     const uint8_t *d_meta_base;
     uint64_t meta_bytes;
     float *d_vote;
 } kvt__cu_score_args;
+
+/* The key-reading methods' inputs (a struct of its own, so the positional
+ * initialisers of kvt__cu_score_args stay complete). */
+typedef struct kvt__cu_score_keys {
+    const uint32_t *d_dev_table; /* device block of each page, at the item's
+                                    table_off (the layout of d_meta_table: a
+                                    pool's table heap holds both at one
+                                    offset); 0 = no device copy */
+    const uint8_t *d_dev_base;   /* device arena, 16-byte aligned; block b at
+                                    d_dev_base + b * block_bytes holds K[P][D]
+                                    then V[P][D] in the pool dtype */
+    uint64_t block_bytes;        /* a multiple of 16, >= 2 * P * D * elem */
+    uint32_t P;                  /* page_tokens: a power of two in 8..256 */
+    uint32_t reserved;           /* must be zero */
+    float *d_work;               /* SOFTVOTE scratch, or NULL (see above) */
+} kvt__cu_score_keys;
+
 KVT__HIDDEN int kvt__cu_score(const kvt__cu_score_args *a, void *stream);
-/* Scratch the scoring kernel needs (0: one query group per item reads each
- * page's metadata once; the many-query product of the warm-up goes to
- * cuBLAS instead, kvt__cu_warm). */
+/* k: NULL for MINMAX and MEAN (kvt__cu_score is kvt__cu_score_ex(a, NULL,
+ * stream)); required by TOKEN and ORACLE. */
+KVT__HIDDEN int kvt__cu_score_ex(const kvt__cu_score_args *a, const kvt__cu_score_keys *k,
+                                 void *stream);
+/* Scratch the scoring kernel may use: n_items * max_pages * G floats for
+ * TOKEN and ORACLE with SOFTVOTE (the raw scores between the two passes),
+ * else 0 (one query group per item reads each page's metadata once; the
+ * many-query product of the warm-up goes to cuBLAS instead, kvt__cu_warm). */
 KVT__HIDDEN size_t kvt__cu_score_workspace_bytes(const kvt__cu_score_args *a);
 
 /* ---- per-head top-K (cuda/select.cu) ---------------------------------------

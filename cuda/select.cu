@@ -10,6 +10,15 @@
 // item, a first pass keeps an online (max, sum of exp) per head and group,
 // merged in shared memory, and a second pass rescores and votes.
 //
+// TOKEN / ORACLE read the keys of the pages with a device block: the group's
+// 8 lanes split the page's tokens (lane l takes t = l, l + 8, ...), each
+// token's K row 16 bytes at a time against the staged query rows, a full dot
+// product per head in registers; the lanes' running maximum (ORACLE: and sum
+// of exp) meet by shuffles. Pages without a device block take the MINMAX
+// path's bound. SUM / MAX spread pages one per group over blockIdx.y;
+// SOFTVOTE keeps the first pass's raw scores in the caller's workspace, so
+// the keys are read once.
+//
 // Top-K: one block per item. The forced pages bound a contiguous range of
 // competitors [c0, c1); the take-th largest key is found by a 4-pass radix
 // select (8 bits a pass, 256-bin shared histogram), then every warp walks its
@@ -122,28 +131,220 @@ KVT_SC_UNROLL
     }
 }
 
+// 8 query elements at element offset qo of the item's rows: from shared
+// memory when staged (rows 32-byte aligned there), else from global memory.
+KVT_DEV void kvt_sc_q8(bool staged, const float *qs, const float *qg, size_t qo, float (&x)[8])
+{
+    if (staged) {
+        kvt_sc_ld8(qs + qo, x);
+        return;
+    }
+KVT_SC_UNROLL
+    for (int e = 0; e < 8; e++)
+        x[e] = qg[qo + e];
+}
+
+// TOKEN / ORACLE, a page without a device copy: this lane's share of its
+// MINMAX bound (qa.kmax + qb.kmin, qa / qb formed from q on the fly as the
+// CPU forms them), from the metadata slot m.
+template <uint32_t DT>
+KVT_DEV void kvt_sc_bound(const uint8_t *m, uint32_t D, uint32_t lg, uint32_t g0, uint32_t gn,
+                          bool staged, const float *qs, const float *qg, float (&acc)[KVT_SC_GR])
+{
+    const uint32_t nv = D / 8;
+    const size_t row = (size_t)D * (DT == KVT_DTYPE_F32 ? 4u : 2u);
+    for (uint32_t v = lg; v < nv; v += KVT_SC_LANES) {
+        float lo[8], hi[8];
+        kvt_sc_meta8<DT>(m, v, lo);
+        kvt_sc_meta8<DT>(m + row, v, hi);
+KVT_SC_UNROLL
+        for (uint32_t j = 0; j < KVT_SC_GR; j++) {
+            if (j >= gn)
+                break;
+            float x[8];
+            kvt_sc_q8(staged, qs, qg, (size_t)(g0 + j) * D + 8u * v, x);
+            float s = acc[j];
+KVT_SC_UNROLL
+            for (int e = 0; e < 8; e++) {
+                const float pa = x[e] > 0.0f ? x[e] : 0.0f, pb = x[e] < 0.0f ? x[e] : 0.0f;
+                s = fmaf(pa, hi[e], fmaf(pb, lo[e], s));
+            }
+            acc[j] = s;
+        }
+    }
+}
+
+// ORACLE's running log-sum-exp at scale c: m = the largest score so far, z =
+// sum of exp(c (s - m)); r finite, c > 0.
+KVT_DEV void kvt_sc_lse_add(float &m, float &z, float r, float c)
+{
+    if (r > m) {
+        z = z * expf(c * (m - r)) + 1.0f;
+        m = r;
+    } else {
+        z += expf(c * (r - m));
+    }
+}
+// Merges (m2, z2) into (m, z); both lanes of a shuffle pair get the same sums
+// (the same products, added in either order).
+KVT_DEV void kvt_sc_lse_merge(float &m, float &z, float m2, float z2, float c)
+{
+    if (!(m2 > -INFINITY))
+        return;
+    if (m2 > m) {
+        z = z * expf(c * (m - m2)) + z2;
+        m = m2;
+    } else {
+        z += z2 * expf(c * (m2 - m));
+    }
+}
+
+// TOKEN / ORACLE, a page on the device: this lane's tokens t = lg, lg + 8,
+// ... < ntok of the block at kb, each a full dot product per head (the K row
+// 16 bytes at a time, the query rows staged or from global memory), folded
+// into the lane's running max m (and ORACLE's z); bad = a non-finite
+// product appeared.
+template <uint32_t DT, uint32_t METHOD>
+KVT_DEV void kvt_sc_keys_lane(const uint8_t *kb, uint32_t ntok, uint32_t D, uint32_t lg,
+                              uint32_t g0, uint32_t gn, bool staged, const float *qs,
+                              const float *qg, float c, float (&m)[KVT_SC_GR],
+                              float (&z)[KVT_SC_GR], uint32_t (&bad)[KVT_SC_GR])
+{
+    const uint32_t nv = D / 8;
+    const size_t row = (size_t)D * (DT == KVT_DTYPE_F32 ? 4u : 2u);
+    for (uint32_t t = lg; t < ntok; t += KVT_SC_LANES) {
+        const uint8_t *kr = kb + (size_t)t * row;
+        float s[KVT_SC_GR];
+KVT_SC_UNROLL
+        for (uint32_t j = 0; j < KVT_SC_GR; j++)
+            s[j] = 0.0f;
+        for (uint32_t v = 0; v < nv; v++) {
+            float x[8];
+            kvt_sc_meta8<DT>(kr, v, x);
+KVT_SC_UNROLL
+            for (uint32_t j = 0; j < KVT_SC_GR; j++) {
+                if (j >= gn)
+                    break;
+                float qv[8];
+                kvt_sc_q8(staged, qs, qg, (size_t)(g0 + j) * D + 8u * v, qv);
+                float acc = s[j];
+KVT_SC_UNROLL
+                for (int e = 0; e < 8; e++)
+                    acc = fmaf(qv[e], x[e], acc);
+                s[j] = acc;
+            }
+        }
+KVT_SC_UNROLL
+        for (uint32_t j = 0; j < KVT_SC_GR; j++) {
+            if (j >= gn)
+                break;
+            const float r = s[j];
+            if (!(fabsf(r) < INFINITY))
+                bad[j] = 1u;
+            else if (METHOD == KVT_SCORE_TOKEN)
+                m[j] = fmaxf(m[j], r);
+            else
+                kvt_sc_lse_add(m[j], z[j], r, c);
+        }
+    }
+}
+
+// TOKEN / ORACLE raw scores of heads g0 .. g0 + gn - 1 for page `page` (zeros
+// when !live), complete in every lane of the group: from the keys when the
+// page has a device block, else from its metadata bound (ORACLE: plus
+// ln(ntok) / c); NaN for a non-finite product or query row (qbad). Every
+// lane of the warp must call it (shuffles).
+template <uint32_t DT, uint32_t METHOD>
+KVT_DEV void kvt_sc_page_keys(const kvt__cu_score_args &a, const kvt__cu_score_keys &k,
+                              const kvt__cu_score_item &it, uint32_t page, bool live,
+                              uint32_t lg, uint32_t g0, uint32_t gn, bool staged,
+                              const float *qs, const uint32_t *qbad, float (&acc)[KVT_SC_GR])
+{
+    const float *qg = a.d_q + it.q_off;
+    const float c = a.vote_scale;
+    float m[KVT_SC_GR], z[KVT_SC_GR];
+    uint32_t bad[KVT_SC_GR];
+KVT_SC_UNROLL
+    for (uint32_t j = 0; j < KVT_SC_GR; j++) {
+        acc[j] = 0.0f;
+        m[j] = -INFINITY;
+        z[j] = 0.0f;
+        bad[j] = 0u;
+    }
+    uint32_t ntok = 0, blk = 0;
+    if (live) {
+        const uint64_t first = (uint64_t)page * k.P;
+        ntok = it.tokens > first ? (uint32_t)kvt_umin64(k.P, it.tokens - first) : 0u;
+        blk = k.d_dev_table[it.table_off + page];
+        if (blk) {
+            kvt_sc_keys_lane<DT, METHOD>(k.d_dev_base + (uint64_t)blk * k.block_bytes, ntok, a.D,
+                                         lg, g0, gn, staged, qs, qg, c, m, z, bad);
+        } else {
+            const uint8_t *mp =
+                a.d_meta_base + (uint64_t)a.d_meta_table[it.table_off + page] * a.meta_bytes;
+            kvt_sc_bound<DT>(mp, a.D, lg, g0, gn, staged, qs, qg, acc);
+        }
+    }
+KVT_SC_UNROLL
+    for (uint32_t j = 0; j < KVT_SC_GR; j++) {
+        float s = acc[j], mj = m[j], zj = z[j];
+        uint32_t bj = bad[j];
+        s += kvt_shfl_xor(s, 1);
+        s += kvt_shfl_xor(s, 2);
+        s += kvt_shfl_xor(s, 4);
+KVT_SC_UNROLL
+        for (int o = 1; o < (int)KVT_SC_LANES; o <<= 1) {
+            const float m2 = kvt_shfl_xor(mj, o);
+            bj |= kvt_shfl_xor(bj, o);
+            if (METHOD == KVT_SCORE_TOKEN) {
+                mj = fmaxf(mj, m2);
+            } else {
+                const float z2 = kvt_shfl_xor(zj, o);
+                kvt_sc_lse_merge(mj, zj, m2, z2, c);
+            }
+        }
+        float r;
+        if (blk)
+            r = bj ? NAN : METHOD == KVT_SCORE_TOKEN ? mj : mj + logf(zj) / c;
+        else
+            r = METHOD == KVT_SCORE_ORACLE ? kvt_add_rn(s, logf((float)ntok) / c) : s;
+        if (j < gn && qbad[g0 + j])
+            r = NAN;
+        acc[j] = live ? r : 0.0f;
+    }
+}
+
 // Raw scores of heads g0 .. g0 + gn - 1 for page `page` (any value when
 // !live: zeros), complete in every lane of the group. Every lane of the
 // warp must call it (shuffles).
 template <uint32_t DT, uint32_t METHOD>
-KVT_DEV void kvt_sc_page(const kvt__cu_score_args &a, const kvt__cu_score_item &it, uint32_t page,
-                         bool live, uint32_t lg, uint32_t g0, uint32_t gn, bool staged,
-                         const float *qa, const float *qb, float (&acc)[KVT_SC_GR])
+KVT_DEV void kvt_sc_page(const kvt__cu_score_args &a, const kvt__cu_score_keys &k,
+                         const kvt__cu_score_item &it, uint32_t page, bool live, uint32_t lg,
+                         uint32_t g0, uint32_t gn, bool staged, const float *qa, const float *qb,
+                         const uint32_t *qbad, float (&acc)[KVT_SC_GR])
 {
+    if constexpr (METHOD >= KVT_SCORE_TOKEN) {
+        (void)qb;
+        kvt_sc_page_keys<DT, METHOD>(a, k, it, page, live, lg, g0, gn, staged, qa, qbad, acc);
+    } else {
+        (void)k;
+        (void)qbad;
 KVT_SC_UNROLL
-    for (uint32_t j = 0; j < KVT_SC_GR; j++)
-        acc[j] = 0.0f;
-    if (live) {
-        const uint8_t *m = a.d_meta_base + (uint64_t)a.d_meta_table[it.table_off + page] * a.meta_bytes;
-        kvt_sc_partial<DT, METHOD>(m, a.D, lg, g0, gn, staged, qa, qb, a.d_q + it.q_off, acc);
-    }
+        for (uint32_t j = 0; j < KVT_SC_GR; j++)
+            acc[j] = 0.0f;
+        if (live) {
+            const uint8_t *m =
+                a.d_meta_base + (uint64_t)a.d_meta_table[it.table_off + page] * a.meta_bytes;
+            kvt_sc_partial<DT, METHOD>(m, a.D, lg, g0, gn, staged, qa, qb, a.d_q + it.q_off, acc);
+        }
 KVT_SC_UNROLL
-    for (uint32_t j = 0; j < KVT_SC_GR; j++) {
-        float s = acc[j];
-        s += kvt_shfl_xor(s, 1);
-        s += kvt_shfl_xor(s, 2);
-        s += kvt_shfl_xor(s, 4);
-        acc[j] = s;
+        for (uint32_t j = 0; j < KVT_SC_GR; j++) {
+            float s = acc[j];
+            s += kvt_shfl_xor(s, 1);
+            s += kvt_shfl_xor(s, 2);
+            s += kvt_shfl_xor(s, 4);
+            acc[j] = s;
+        }
     }
 }
 
@@ -171,7 +372,9 @@ KVT_DEV void kvt_sc_merge(float &m, float &s, float m2, float s2)
 }
 
 template <uint32_t DT, uint32_t METHOD>
-KVT_KERNEL __launch_bounds__(KVT_SC_THREADS_SV) kvt_score_kernel(const kvt__cu_score_args a, int staged)
+KVT_KERNEL __launch_bounds__(KVT_SC_THREADS_SV) kvt_score_kernel(const kvt__cu_score_args a,
+                                                                 const kvt__cu_score_keys k,
+                                                                 int staged)
 {
     KVT_DYN_SHARED(float, dyn);
     KVT_SHARED(float, red_m, KVT_SC_MAX_GROUPS * KVT_SC_GR);
@@ -181,10 +384,13 @@ KVT_KERNEL __launch_bounds__(KVT_SC_THREADS_SV) kvt_score_kernel(const kvt__cu_s
     const uint32_t G = a.G, D = a.D, np = it.n_pages;
     if (np == 0)
         return; // the whole block: before any barrier
+    const bool keyed = METHOD >= KVT_SCORE_TOKEN, sv = a.vote == KVT_VOTE_SOFTVOTE;
     const size_t GD = (size_t)G * D;
     const uint32_t nq = staged ? (METHOD == KVT_SCORE_MINMAX ? 2u : 1u) : 0u;
     float *qa = dyn, *qb = dyn + GD;
     float *st_m = dyn + nq * GD, *st_inv = st_m + G, *st_sp = st_inv + G;
+    // TOKEN / ORACLE: per query row, whether it holds a non-finite element.
+    uint32_t *qbad = reinterpret_cast<uint32_t *>(st_m + (sv ? 3u * G : 0u));
     if (staged) {
         const float *q = a.d_q + it.q_off;
         for (size_t i = threadIdx.x; i < GD; i += blockDim.x) {
@@ -196,21 +402,32 @@ KVT_KERNEL __launch_bounds__(KVT_SC_THREADS_SV) kvt_score_kernel(const kvt__cu_s
                 qa[i] = x;
             }
         }
-        KVT_SYNC();
     }
+    if (keyed) {
+        for (uint32_t g = threadIdx.x; g < G; g += blockDim.x) {
+            const float *q = a.d_q + it.q_off + (size_t)g * D;
+            uint32_t b = 0;
+            for (uint32_t d = 0; d < D; d++)
+                b |= fabsf(q[d]) < INFINITY ? 0u : 1u;
+            qbad[g] = b;
+        }
+    }
+    if (staged || keyed)
+        KVT_SYNC();
     const uint32_t ng = blockDim.x / KVT_SC_LANES;
     const uint32_t grp = threadIdx.x / KVT_SC_LANES, lg = threadIdx.x % KVT_SC_LANES;
     float *out = a.d_vote + it.vote_off;
     float acc[KVT_SC_GR];
 
-    if (a.vote != KVT_VOTE_SOFTVOTE) {
+    if (!sv) {
         for (uint32_t base = blockIdx.y * ng; base < np; base += gridDim.y * ng) {
             const uint32_t page = base + grp;
             const bool live = page < np;
             float v = 0.0f;
             for (uint32_t g0 = 0; g0 < G; g0 += KVT_SC_GR) {
                 const uint32_t gn = kvt_umin(KVT_SC_GR, G - g0);
-                kvt_sc_page<DT, METHOD>(a, it, page, live, lg, g0, gn, staged, qa, qb, acc);
+                kvt_sc_page<DT, METHOD>(a, k, it, page, live, lg, g0, gn, staged, qa, qb, qbad,
+                                        acc);
 KVT_SC_UNROLL
                 for (uint32_t j = 0; j < KVT_SC_GR; j++) {
                     if (j >= gn)
@@ -230,7 +447,13 @@ KVT_SC_UNROLL
         return;
     }
 
-    // SOFTVOTE, pass 1: per head, over every page of the item.
+    // SOFTVOTE. TOKEN / ORACLE keep the first pass's raw scores [page][G] in
+    // the workspace (this block's region), when there is one and the item
+    // fits it, so the second pass reads no key again.
+    float *ws = keyed && k.d_work && np <= a.max_pages
+                    ? k.d_work + (uint64_t)blockIdx.x * a.max_pages * G
+                    : nullptr;
+    // Pass 1: per head, over every page of the item.
     const float scale = a.vote_scale;
     for (uint32_t g0 = 0; g0 < G; g0 += KVT_SC_GR) {
         const uint32_t gn = kvt_umin(KVT_SC_GR, G - g0);
@@ -245,9 +468,17 @@ KVT_SC_UNROLL
         for (uint32_t base = 0; base < np; base += ng) {
             const uint32_t page = base + grp;
             const bool live = page < np;
-            kvt_sc_page<DT, METHOD>(a, it, page, live, lg, g0, gn, staged, qa, qb, acc);
+            kvt_sc_page<DT, METHOD>(a, k, it, page, live, lg, g0, gn, staged, qa, qb, qbad, acc);
             if (!live)
                 continue;
+            if (ws && lg == 0) {
+KVT_SC_UNROLL
+                for (uint32_t j = 0; j < KVT_SC_GR; j++) {
+                    if (j >= gn)
+                        break;
+                    ws[(size_t)page * G + g0 + j] = acc[j];
+                }
+            }
 KVT_SC_UNROLL
             for (uint32_t j = 0; j < KVT_SC_GR; j++) {
                 const float r = kvt_mul_rn(acc[j], scale);
@@ -282,14 +513,23 @@ KVT_SC_UNROLL
         }
         KVT_SYNC();
     }
-    // Pass 2: rescore, vote in head order like the CPU.
+    // Pass 2: rescore (or read the kept raw scores back: the same group
+    // wrote them, before the barriers above), vote in head order like the
+    // CPU.
     for (uint32_t base = 0; base < np; base += ng) {
         const uint32_t page = base + grp;
         const bool live = page < np;
         float v = 0.0f;
         for (uint32_t g0 = 0; g0 < G; g0 += KVT_SC_GR) {
             const uint32_t gn = kvt_umin(KVT_SC_GR, G - g0);
-            kvt_sc_page<DT, METHOD>(a, it, page, live, lg, g0, gn, staged, qa, qb, acc);
+            if (ws) {
+KVT_SC_UNROLL
+                for (uint32_t j = 0; j < KVT_SC_GR; j++)
+                    acc[j] = live && j < gn ? ws[(size_t)page * G + g0 + j] : 0.0f;
+            } else {
+                kvt_sc_page<DT, METHOD>(a, k, it, page, live, lg, g0, gn, staged, qa, qb, qbad,
+                                        acc);
+            }
 KVT_SC_UNROLL
             for (uint32_t j = 0; j < KVT_SC_GR; j++) {
                 if (j >= gn)
@@ -475,14 +715,29 @@ bool kvt_sc_dtype_ok(kvt_dtype dt)
 }
 
 template <uint32_t DT>
-cudaError_t kvt_sc_launch(const kvt__cu_score_args *a, dim3 grid, dim3 block, size_t smem,
-                          void *stream, int staged)
+cudaError_t kvt_sc_launch(const kvt__cu_score_args *a, const kvt__cu_score_keys *k, dim3 grid,
+                          dim3 block, size_t smem, void *stream, int staged)
 {
-    if (a->method == KVT_SCORE_MINMAX)
+    switch (a->method) {
+    case KVT_SCORE_MINMAX:
         return KVT_LAUNCH((kvt_score_kernel<DT, KVT_SCORE_MINMAX>), grid, block, smem, stream, *a,
-                          staged);
-    return KVT_LAUNCH((kvt_score_kernel<DT, KVT_SCORE_MEAN>), grid, block, smem, stream, *a,
-                      staged);
+                          *k, staged);
+    case KVT_SCORE_MEAN:
+        return KVT_LAUNCH((kvt_score_kernel<DT, KVT_SCORE_MEAN>), grid, block, smem, stream, *a,
+                          *k, staged);
+    case KVT_SCORE_TOKEN:
+        return KVT_LAUNCH((kvt_score_kernel<DT, KVT_SCORE_TOKEN>), grid, block, smem, stream, *a,
+                          *k, staged);
+    default:
+        return KVT_LAUNCH((kvt_score_kernel<DT, KVT_SCORE_ORACLE>), grid, block, smem, stream, *a,
+                          *k, staged);
+    }
+}
+
+// The votes the kernel runs: ORACLE's is always SOFTVOTE.
+uint32_t kvt_sc_vote(const kvt__cu_score_args *a)
+{
+    return a->method == KVT_SCORE_ORACLE ? KVT_VOTE_SOFTVOTE : a->vote;
 }
 
 } // namespace
@@ -491,11 +746,18 @@ extern "C" {
 
 size_t kvt__cu_score_workspace_bytes(const kvt__cu_score_args *a)
 {
-    (void)a;
-    return 0;
+    if (!a || (a->method != KVT_SCORE_TOKEN && a->method != KVT_SCORE_ORACLE) ||
+        kvt_sc_vote(a) != KVT_VOTE_SOFTVOTE)
+        return 0;
+    return (size_t)a->n_items * a->max_pages * a->G * sizeof(float);
 }
 
 int kvt__cu_score(const kvt__cu_score_args *a, void *stream)
+{
+    return kvt__cu_score_ex(a, NULL, stream);
+}
+
+int kvt__cu_score_ex(const kvt__cu_score_args *a, const kvt__cu_score_keys *k, void *stream)
 {
     if (!a)
         return kvt__err(KVT_EINVAL, "a: must not be NULL");
@@ -505,10 +767,14 @@ int kvt__cu_score(const kvt__cu_score_args *a, void *stream)
         return kvt__err(KVT_EINVAL, "a->D: %u is not a multiple of 8 in 8..1024", a->D);
     if (!kvt_sc_dtype_ok(a->dtype))
         return kvt__err(KVT_EINVAL, "a->dtype: %u is not F16, BF16 or F32", a->dtype);
-    if (a->method > KVT_SCORE_MEAN)
+    if (a->method > KVT_SCORE_ORACLE)
         return kvt__err(KVT_EINVAL, "a->method: unknown scoring method %u", a->method);
     if (a->vote > KVT_VOTE_SOFTVOTE)
         return kvt__err(KVT_EINVAL, "a->vote: unknown vote %u", a->vote);
+    const bool keyed = a->method >= KVT_SCORE_TOKEN;
+    if (a->method == KVT_SCORE_ORACLE && !(a->vote_scale > 0.0f && a->vote_scale < INFINITY))
+        return kvt__err(KVT_EINVAL, "a->vote_scale: %g is not a finite value > 0 (ORACLE's c)",
+                        (double)a->vote_scale);
     if (a->vote == KVT_VOTE_SOFTVOTE && !(a->vote_scale >= 0.0f && a->vote_scale < INFINITY))
         return kvt__err(KVT_EINVAL, "a->vote_scale: %g is not a finite value >= 0",
                         (double)a->vote_scale);
@@ -519,6 +785,21 @@ int kvt__cu_score(const kvt__cu_score_args *a, void *stream)
         return kvt__err(KVT_EINVAL, "a->meta_bytes: %llu is not a multiple of 16 of at least "
                         "3 * D * %llu = %llu", (unsigned long long)a->meta_bytes,
                         (unsigned long long)elem, (unsigned long long)(3ull * a->D * elem));
+    kvt__cu_score_keys kk = {};
+    if (keyed) {
+        if (!k)
+            return kvt__err(KVT_EINVAL, "k: TOKEN and ORACLE need the keys (kvt__cu_score_ex)");
+        if (k->P < 8 || k->P > 256 || (k->P & (k->P - 1)) != 0)
+            return kvt__err(KVT_EINVAL, "k->P: %u is not a power of two in 8..256", k->P);
+        if (k->block_bytes < 2ull * k->P * a->D * elem || k->block_bytes % 16 != 0)
+            return kvt__err(KVT_EINVAL, "k->block_bytes: %llu is not a multiple of 16 of at "
+                            "least 2 * P * D * %llu = %llu",
+                            (unsigned long long)k->block_bytes, (unsigned long long)elem,
+                            (unsigned long long)(2ull * k->P * a->D * elem));
+        if (k->reserved != 0)
+            return kvt__err(KVT_EINVAL, "k->reserved: must be zero");
+        kk = *k;
+    }
     if (a->n_items == 0)
         return 0;
     KVT_CU_NEED(a, d_items);
@@ -528,26 +809,39 @@ int kvt__cu_score(const kvt__cu_score_args *a, void *stream)
         return kvt__err(KVT_EINVAL, "a->d_meta_base: %p is NULL or not 16-byte aligned",
                         (const void *)a->d_meta_base);
     KVT_CU_NEED(a, d_vote);
+    if (keyed) {
+        if (!k->d_dev_table)
+            return kvt__err(KVT_EINVAL, "k->d_dev_table: must not be NULL");
+        if (!k->d_dev_base || (uintptr_t)k->d_dev_base % 16 != 0)
+            return kvt__err(KVT_EINVAL, "k->d_dev_base: %p is NULL or not 16-byte aligned",
+                            (const void *)k->d_dev_base);
+    }
 
-    const bool sv = a->vote == KVT_VOTE_SOFTVOTE;
+    kvt__cu_score_args b = *a;
+    b.vote = kvt_sc_vote(a);
+    const bool sv = b.vote == KVT_VOTE_SOFTVOTE;
+    // Staged query rows: qa and qb for MINMAX, q for the others.
     const size_t qbytes = (a->method == KVT_SCORE_MINMAX ? 2u : 1u) * (size_t)a->G * a->D * 4u;
     const int staged = qbytes <= KVT_SC_QSMEM;
-    const size_t smem = (staged ? qbytes : 0) + (sv ? 3u * (size_t)a->G * 4u : 0);
+    const size_t smem = (staged ? qbytes : 0) + (sv ? 3u * (size_t)a->G * 4u : 0) +
+                        (keyed ? (size_t)a->G * 4u : 0);
     const uint32_t threads = sv ? KVT_SC_THREADS_SV : KVT_SC_THREADS;
     uint32_t gy = 1;
     if (!sv) {
-        const uint64_t per = (uint64_t)(threads / KVT_SC_LANES) * KVT_SC_PAGES_PER_GROUP;
+        // A page's keys are P rows, not one metadata slot: a group per page.
+        const uint64_t per = (uint64_t)(threads / KVT_SC_LANES) *
+                             (keyed ? 1u : KVT_SC_PAGES_PER_GROUP);
         gy = (uint32_t)kvt_umin64(kvt_umax(1u, (uint32_t)((a->max_pages + per - 1) / per)),
                                   65535u);
     }
     const dim3 grid(a->n_items, gy), block(threads);
     cudaError_t e;
     if (a->dtype == KVT_DTYPE_F16)
-        e = kvt_sc_launch<KVT_DTYPE_F16>(a, grid, block, smem, stream, staged);
+        e = kvt_sc_launch<KVT_DTYPE_F16>(&b, &kk, grid, block, smem, stream, staged);
     else if (a->dtype == KVT_DTYPE_BF16)
-        e = kvt_sc_launch<KVT_DTYPE_BF16>(a, grid, block, smem, stream, staged);
+        e = kvt_sc_launch<KVT_DTYPE_BF16>(&b, &kk, grid, block, smem, stream, staged);
     else
-        e = kvt_sc_launch<KVT_DTYPE_F32>(a, grid, block, smem, stream, staged);
+        e = kvt_sc_launch<KVT_DTYPE_F32>(&b, &kk, grid, block, smem, stream, staged);
     return KVT_CU_LAUNCHED(e, "kvt__cu_score");
 }
 

@@ -215,7 +215,13 @@ int kvt__cuda_warm_imp(kvt_pool *p, kvt__seq *s, const float *obs, uint32_t n_ob
     const kvt_selector *sel = p->sel;
     const uint32_t L = p->g.n_layers, H = p->g.n_kv_heads, Hq = p->g.n_q_heads;
     const uint32_t G = Hq / H, D = p->g.head_dim;
-    const uint32_t W = sel->method == KVT_SCORE_MINMAX ? 2u * D : D;
+    /* The batched product scores from the metadata only: TOKEN and ORACLE
+     * (whose keys it does not read) warm up by the MINMAX bound, each page's
+     * upper bound of its exact score (ORACLE's ln(tokens) / c left out: it
+     * moves only a partial last page), ORACLE with its SOFTVOTE. */
+    const uint32_t method = sel->method == KVT_SCORE_MEAN ? KVT_SCORE_MEAN : KVT_SCORE_MINMAX;
+    const uint32_t vote = sel->method == KVT_SCORE_ORACLE ? KVT_VOTE_SOFTVOTE : sel->vote;
+    const uint32_t W = method == KVT_SCORE_MINMAX ? 2u * D : D;
     int rc = kvt__cu_set_device(c->device);
     if (!rc) /* the prefills' and the last step's work, before any scratch is reused */
         rc = kvt__cup_quiesce(c);
@@ -248,7 +254,7 @@ int kvt__cuda_warm_imp(kvt_pool *p, kvt__seq *s, const float *obs, uint32_t n_ob
         const uint32_t oc = oc64 < 1 ? 1u : (oc64 > n_obs ? n_obs : (uint32_t)oc64);
         kvt__cu_warm_args a = {
             .n_heads = nh, .n_pages = np, .n_obs = oc, .G = G, .D = D, .dtype = p->g.dtype,
-            .method = sel->method, .vote = sel->vote, .vote_scale = sel->vote_scale,
+            .method = method, .vote = vote, .vote_scale = sel->vote_scale,
             .d_meta_base = c->d_meta, .meta_bytes = p->meta.block_bytes, .blas = c->blas};
         const size_t nslot = (size_t)nh * np, nq = (size_t)nh * oc * G * W;
         if ((rc = kvt__warm_pin((void **)&c->h_wslot, &c->cap_wslot, nslot, sizeof(uint32_t))) ||
@@ -280,7 +286,7 @@ int kvt__cuda_warm_imp(kvt_pool *p, kvt__seq *s, const float *obs, uint32_t n_ob
                 for (uint32_t o = 0; o < a.n_obs; o++) {
                     const float *q = obs + (((size_t)l * n_obs + o0 + o) * Hq + (size_t)hs[x] * G) * D;
                     for (uint32_t g = 0; g < G; g++, q += D, dst += W) {
-                        if (sel->method != KVT_SCORE_MINMAX) {
+                        if (method != KVT_SCORE_MINMAX) {
                             memcpy(dst, q, (size_t)D * sizeof(float));
                             continue;
                         }

@@ -7,6 +7,11 @@
 
 /* ---- steps --------------------------------------------------------------- */
 
+/* The most device memory a step reserves for the raw scores of a TOKEN /
+ * ORACLE SOFTVOTE (n_items * np_max * G floats; larger batches read the
+ * keys twice instead). */
+#define KVT__CUP_SCORE_WORK_MAX ((size_t)256 << 20)
+
 /* Queues the upload of n items from a pinned slice to its device copy. */
 int kvt__cup_items_up(void *d, const void *h, size_t bytes, void *stream)
 {
@@ -85,7 +90,20 @@ int kvt__cuda_step_plan(kvt_step *st, void *stream)
     kvt__cu_attn_args a = {c->d_at, (uint32_t)items, st->G, st->D, P, p->g.dtype, st->scale,
                            np_max, 0, (const float *)c->d_dev, (float *)c->d_dev, NULL,
                            c->d_blocks, c->d_ntok, c->d_dev, p->block_bytes, NULL};
-    const size_t work = kvt__cu_attn_workspace_bytes(&a);
+    size_t work = kvt__cu_attn_workspace_bytes(&a);
+    if (st->sel && !(st->flags & KVT_STEP_DENSE)) {
+        /* The decode's workspace also holds the raw scores between the
+         * passes of a TOKEN / ORACLE SOFTVOTE (kvt__cuda_step_select; the
+         * score runs before the decode on the step's stream), up to
+         * KVT__CUP_SCORE_WORK_MAX: above it the scoring reads the keys
+         * twice instead. */
+        const kvt__cu_score_args sa = {NULL, st->n * H, st->G, st->D, p->g.dtype,
+                                       st->sel->method, st->sel->vote, st->sel->vote_scale,
+                                       np_max, NULL, NULL, NULL, p->meta_bytes, NULL};
+        const size_t sw = kvt__cu_score_workspace_bytes(&sa);
+        if (sw > work && sw <= KVT__CUP_SCORE_WORK_MAX)
+            work = sw;
+    }
     /* Every launch of the step's decode splits as this one would, so a
      * launch over part of the batch (ready-first) fits the workspace. */
     const uint32_t at_sp = kvt__cu_attn_split_pages(&a);
@@ -244,8 +262,10 @@ int kvt__cuda_step_select(kvt_step *st, uint32_t layer, const float *q)
             st->sel_off[ih] = (uint32_t)off;
             const uint32_t scored = mode == KVT__CU_SF_RERANK ? np : 0;
             n_rr += scored != 0;
+            /* table_off indexes the device table (TOKEN, ORACLE) and the
+             * metadata table alike: the table heap holds both at one offset. */
             sc[ih] = (kvt__cu_score_item){((uint64_t)i * st->Hq + (uint64_t)h * G) * D,
-                                          s->be.cu_off + lh * s->cap_pages, off, scored, 0};
+                                          s->be.cu_off + lh * s->cap_pages, off, scored, tokens};
             tk[ih] = (kvt__cu_topk_item){off, off, scored, tokens, k, sink, local, 0};
             sf[ih] = (kvt__cu_sf_item){off,
                                        ((uint64_t)slot * c->LH + lh) * c->kcap,
@@ -284,7 +304,21 @@ int kvt__cuda_step_select(kvt_step *st, uint32_t layer, const float *q)
         kvt__cu_score_args sa = {c->d_sc + L0, items, G, D, p->g.dtype, st->sel->method, st->sel->vote,
                                  st->sel->vote_scale, np_max, q, c->d_mtab, c->d_meta,
                                  p->meta_bytes, c->d_vote};
-        if ((rc = kvt__cu_score(&sa, c->sst)))
+        /* TOKEN and ORACLE read the keys of the pages the device table
+         * names. The host tables name a device block only once its bytes
+         * are there (a move to the device sets it when its copy has landed:
+         * a page only on host or disk, or KVT__RES_INBOUND, has 0), but the
+         * GPU copy of the table syncs at the plan and at each layer's
+         * placement: this layer's entries changed since (moves applied by
+         * the mover) go up first, so no freed and reused block is read. */
+        const size_t ws = kvt__cu_score_workspace_bytes(&sa);
+        const kvt__cu_score_keys ka = {c->d_tab, c->d_dev, p->block_bytes, P, 0,
+                                       ws && ws <= c->cap_work ? (float *)c->d_work : NULL};
+        const bool keys = st->sel->method == KVT_SCORE_TOKEN || st->sel->method == KVT_SCORE_ORACLE;
+        if (keys && c->lower &&
+            (rc = kvt__cup_tab_flush(p, st->seqs, st->n, layer, layer + 1u, c->sst)))
+            return rc;
+        if ((rc = kvt__cu_score_ex(&sa, keys ? &ka : NULL, c->sst)))
             return rc;
     }
     kvt__cu_topk_args ta = {c->d_tk + L0, items, P, np_max, c->d_vote, c->d_sel, c->d_nsel, c->d_topk,

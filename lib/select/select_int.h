@@ -34,6 +34,19 @@ KVT__HIDDEN void kvt__sel_scratch_carve(kvt__sel_scratch *sc, void *mem, uint32_
                                         uint32_t np);
 /* Checks that sel fits the pool's geometry (KVT_EINVAL naming the field). */
 KVT__HIDDEN int kvt__selector_match(const kvt_selector *sel, const kvt_pool *p);
+/* The three parts of kvt__sel_score, for a caller that splits a head's
+ * pages over threads (each with its own scratch): the query rows into the
+ * scratch (qa, qb; qc for TOKEN and ORACLE); the raw scores of pages
+ * [pg0, pg1) of np, rows G apart by np, into S (per page, so any split
+ * gives the same values); their vote into v[np] (S is changed: SOFTVOTE
+ * scales it in place). */
+KVT__HIDDEN void kvt__sel_prep(const kvt_selector *sel, const kvt_pool *p, const float *q,
+                               uint32_t nq, size_t qstride, kvt__sel_scratch *sc);
+KVT__HIDDEN void kvt__sel_raw(const kvt_selector *sel, const kvt_pool *p, const kvt__seq *s,
+                              uint32_t layer, uint32_t head, uint32_t G, uint32_t pg0,
+                              uint32_t pg1, uint32_t np, float *S, kvt__sel_scratch *sc);
+KVT__HIDDEN void kvt__sel_vote(const kvt_selector *sel, const kvt_pool *p, float *S, uint32_t G,
+                               uint32_t np, float *v);
 /* Voted scores of the np pages of (s, layer, head) into sc->vote: every
  * query head of nq tokens votes (token j's G heads at q + j * qstride; the
  * scratch carved for nq x G rows). */

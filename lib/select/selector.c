@@ -268,14 +268,14 @@ void kvt__sel_scratch_carve(kvt__sel_scratch *sc, void *mem, uint32_t G, uint32_
     sc->mark = b;
 }
 
-/* Raw TOKEN / ORACLE scores of the np pages into sc->S (rows G apart by np):
- * from the keys where this host reads them (the device tier, or the host
- * tier on the CPU backend: the block tables name a block only once its copy
- * has landed), else from the page's MINMAX bound (ORACLE: plus ln(tokens)
- * / c, so the bound stays above the page's log-sum-exp). */
+/* Raw TOKEN / ORACLE scores of pages [pg0, pg1) into S (rows G apart by
+ * np): from the keys where this host reads them (the device tier, or the
+ * host tier on the CPU backend: the block tables name a block only once its
+ * copy has landed), else from the page's MINMAX bound (ORACLE: plus
+ * ln(tokens) / c, so the bound stays above the page's log-sum-exp). */
 static void kvt__sel_tscore(const kvt_selector *sel, const kvt_pool *p, const kvt__seq *s,
-                            uint32_t layer, uint32_t head, uint32_t G, uint32_t np,
-                            kvt__sel_scratch *sc)
+                            uint32_t layer, uint32_t head, uint32_t G, uint32_t pg0,
+                            uint32_t pg1, uint32_t np, float *S, kvt__sel_scratch *sc)
 {
     const uint32_t D = p->g.head_dim, P = p->g.page_tokens, tokens = s->n_tokens[layer];
     const bool oracle = sel->method == KVT_SCORE_ORACLE;
@@ -283,7 +283,7 @@ static void kvt__sel_tscore(const kvt_selector *sel, const kvt_pool *p, const kv
     const kvt__attn_shape sh = {G, D, P, p->g.dtype};
     const size_t base = kvt__lh(p, layer, head) * s->cap_pages;
     const uint32_t *slots = s->meta_slot + base;
-    for (uint32_t pg = 0; pg < np; pg++) {
+    for (uint32_t pg = pg0; pg < pg1; pg++) {
         const uint32_t db = s->dev_block[base + pg], hb = s->host_block[base + pg];
         sc->blk[pg] = db ? kvt__arena_block(&p->tier[KVT_TIER_DEVICE], db)
                       : hb ? kvt__arena_block(&p->tier[KVT_TIER_HOST], hb)
@@ -291,47 +291,42 @@ static void kvt__sel_tscore(const kvt_selector *sel, const kvt_pool *p, const kv
         const uint32_t left = tokens - pg * P;
         sc->ntok[pg] = left < P ? left : P;
     }
-    for (uint32_t pg = 0; pg < np;) {
+    for (uint32_t pg = pg0; pg < pg1;) {
         const bool keys = sc->blk[pg] != NULL;
         uint32_t j = pg + 1;
-        while (j < np && (sc->blk[j] != NULL) == keys)
+        while (j < pg1 && (sc->blk[j] != NULL) == keys)
             j++;
         if (keys) {
-            p->kern->tscore(&sh, sc->qc, sc->blk + pg, sc->ntok + pg, j - pg, c, sc->S + pg, np,
+            p->kern->tscore(&sh, sc->qc, sc->blk + pg, sc->ntok + pg, j - pg, c, S + pg, np,
                             sc->tbuf);
         } else {
             p->kern->score(&sh, KVT_SCORE_MINMAX, sc->qa, sc->qb, p->meta.base,
-                           p->meta.block_bytes, slots + pg, j - pg, sc->S + pg, np);
+                           p->meta.block_bytes, slots + pg, j - pg, S + pg, np);
             for (uint32_t g = 0; oracle && g < G; g++)
                 for (uint32_t x = pg; x < j; x++)
-                    sc->S[(size_t)g * np + x] += logf((float)sc->ntok[x]) / c;
+                    S[(size_t)g * np + x] += logf((float)sc->ntok[x]) / c;
         }
         pg = j;
     }
     /* A non-finite key or query element: no defined score (the vote makes
      * the page, or every page of that row, +infinity). */
-    for (uint32_t pg = 0; pg < np; pg++)
+    for (uint32_t pg = pg0; pg < pg1; pg++)
         if (s->res[base + pg] & KVT__RES_NONFINITE)
             for (uint32_t g = 0; g < G; g++)
-                sc->S[(size_t)g * np + pg] = NAN;
+                S[(size_t)g * np + pg] = NAN;
     for (uint32_t g = 0; g < G; g++) {
         bool fin = true;
         for (uint32_t d = 0; d < D; d++)
             fin = fin && isfinite(sc->qc[(size_t)g * D + d]);
-        for (uint32_t pg = 0; !fin && pg < np; pg++)
-            sc->S[(size_t)g * np + pg] = NAN;
+        for (uint32_t pg = pg0; !fin && pg < pg1; pg++)
+            S[(size_t)g * np + pg] = NAN;
     }
 }
 
-void kvt__sel_score(const kvt_selector *sel, const kvt_pool *p, const kvt__seq *s,
-                    uint32_t layer, uint32_t head, const float *q, uint32_t nq, size_t qstride,
-                    uint32_t np, kvt__sel_scratch *sc)
+void kvt__sel_prep(const kvt_selector *sel, const kvt_pool *p, const float *q, uint32_t nq,
+                   size_t qstride, kvt__sel_scratch *sc)
 {
-    /* nq tokens' G query heads each: G' = nq x G rows vote together. */
-    const uint32_t G = p->g.n_q_heads / p->g.n_kv_heads * nq, D = p->g.head_dim;
-    const uint32_t G1 = G / nq;
-    const kvt__attn_shape sh = {G, D, p->g.page_tokens, p->g.dtype};
-    const size_t GD1 = (size_t)G1 * D;
+    const size_t GD1 = (size_t)(p->g.n_q_heads / p->g.n_kv_heads) * p->g.head_dim;
     const bool keys = sel->method >= KVT_SCORE_TOKEN;
     for (uint32_t j = 0; j < nq; j++) {
         const float *qj = q + (size_t)j * qstride;
@@ -347,28 +342,50 @@ void kvt__sel_score(const kvt_selector *sel, const kvt_pool *p, const kvt__seq *
         if (keys)
             memcpy(sc->qc + j * GD1, qj, GD1 * sizeof(float));
     }
-    if (keys) {
-        kvt__sel_tscore(sel, p, s, layer, head, G, np, sc);
-    } else {
-        const uint32_t *slots = s->meta_slot + kvt__lh(p, layer, head) * s->cap_pages;
-        p->kern->score(&sh, sel->method, sc->qa, sc->qb, p->meta.base, p->meta.block_bytes,
-                       slots, np, sc->S, np);
+}
+
+void kvt__sel_raw(const kvt_selector *sel, const kvt_pool *p, const kvt__seq *s, uint32_t layer,
+                  uint32_t head, uint32_t G, uint32_t pg0, uint32_t pg1, uint32_t np, float *S,
+                  kvt__sel_scratch *sc)
+{
+    if (sel->method >= KVT_SCORE_TOKEN) {
+        kvt__sel_tscore(sel, p, s, layer, head, G, pg0, pg1, np, S, sc);
+        return;
     }
-    float *v = sc->vote;
+    const kvt__attn_shape sh = {G, p->g.head_dim, p->g.page_tokens, p->g.dtype};
+    const uint32_t *slots = s->meta_slot + kvt__lh(p, layer, head) * s->cap_pages;
+    p->kern->score(&sh, sel->method, sc->qa, sc->qb, p->meta.base, p->meta.block_bytes,
+                   slots + pg0, pg1 - pg0, S + pg0, np);
+}
+
+void kvt__sel_score(const kvt_selector *sel, const kvt_pool *p, const kvt__seq *s,
+                    uint32_t layer, uint32_t head, const float *q, uint32_t nq, size_t qstride,
+                    uint32_t np, kvt__sel_scratch *sc)
+{
+    /* nq tokens' G query heads each: G' = nq x G rows vote together. */
+    const uint32_t G = p->g.n_q_heads / p->g.n_kv_heads * nq;
+    kvt__sel_prep(sel, p, q, nq, qstride, sc);
+    kvt__sel_raw(sel, p, s, layer, head, G, 0, np, np, sc->S, sc);
+    kvt__sel_vote(sel, p, sc->S, G, np, sc->vote);
+}
+
+void kvt__sel_vote(const kvt_selector *sel, const kvt_pool *p, float *S, uint32_t G,
+                   uint32_t np, float *v)
+{
     /* The oracle's vote is the attention mass: SOFTVOTE of its log-sum-exps. */
     switch (sel->method == KVT_SCORE_ORACLE ? KVT_VOTE_SOFTVOTE : sel->vote) {
     case KVT_VOTE_SUM:
-        memcpy(v, sc->S, np * sizeof(float));
+        memcpy(v, S, np * sizeof(float));
         for (uint32_t g = 1; g < G; g++) {
-            const float *r = sc->S + (size_t)g * np;
+            const float *r = S + (size_t)g * np;
             for (uint32_t i = 0; i < np; i++)
                 v[i] += r[i];
         }
         break;
     case KVT_VOTE_MAX:
-        memcpy(v, sc->S, np * sizeof(float));
+        memcpy(v, S, np * sizeof(float));
         for (uint32_t g = 1; g < G; g++) {
-            const float *r = sc->S + (size_t)g * np;
+            const float *r = S + (size_t)g * np;
             for (uint32_t i = 0; i < np; i++)
                 v[i] = r[i] > v[i] || r[i] != r[i] ? r[i] : v[i];
         }
@@ -376,7 +393,7 @@ void kvt__sel_score(const kvt_selector *sel, const kvt_pool *p, const kvt__seq *
     default: /* SOFTVOTE: sum over heads of a softmax over pages */
         memset(v, 0, np * sizeof(float));
         for (uint32_t g = 0; g < G; g++) {
-            float *r = sc->S + (size_t)g * np;
+            float *r = S + (size_t)g * np;
             float mx = -INFINITY;
             bool nan = false;
             for (uint32_t i = 0; i < np; i++) {

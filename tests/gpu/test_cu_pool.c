@@ -68,6 +68,7 @@ static void fx_open(fx *f, uint64_t seed, uint32_t top_k, uint32_t interval)
     TU_OK(kvt_pool_create(&og, &f->gpu));
     kvt_geometry g = {N_LAYERS, N_KV_HEADS, HQ, HEAD_DIM, PAGE_TOKENS, KVT_DTYPE_F16, {0, 0}};
     kvt_selector_opts so = KVT_SELECTOR_OPTS_INIT;
+    so.rerank_similarity = -1.0f; /* the CUDA step reranks on the interval alone */
     so.top_k_pages = top_k;
     so.rerank_interval = interval;
     TU_OK(kvt_selector_create(&g, &so, &f->sel));

@@ -20,6 +20,14 @@
  * times p, plus expf and summation rounding. The GPU's selection over its
  * own votes is then checked with tu_check_selection at those tolerances.
  *
+ * TOKEN and ORACLE (kvt__cu_score_ex) are compared with a double reference
+ * computed here from the key encodings the test wrote (test_score_keys: every
+ * dtype, G 1 to 40, D 8 to 256, P 8 to 64, partial last pages, pages with no
+ * device block scored by their MINMAX bound, +ln(ntok)/c for ORACLE, every
+ * vote, ORACLE always SOFTVOTE; an infinite key or a NaN query element gives
+ * NaN scores, +inf votes); runs with a workspace and with a low max_pages
+ * hint must give the same bits.
+ *
  * Top-K is exact: the kernel's selection and top-k list are compared with a
  * brute force (sort every competitor by vote desc, index asc; NaN = +inf,
  * -0 = +0) and with the CPU's kvt__sel_pick, for random votes, heavy ties,
@@ -168,7 +176,7 @@ static void run_score(const score_cfg *c, uint64_t seed)
             it->table_off = (uint64_t)(s * H + h) * (maxp + 1);
             it->vote_off = (uint64_t)(s * H + h) * vstride + 1;
             it->n_pages = pages_of(T[s], P);
-            it->reserved = 0;
+            it->tokens = 0;
         }
     TU_OK(kvt__cu_memcpy(d_items, items, ni * sizeof *items));
     void *stream;
@@ -378,6 +386,423 @@ static void test_score_shapes(void **state)
     };
     for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++)
         run_score(&cfgs[i], 0xc0ffee00u + i);
+}
+
+/* ---- TOKEN and ORACLE: scoring from the keys ------------------------------------------ */
+
+/* Items whose pages are device blocks laid out here (K[P][D] then V[P][D] in
+ * the pool dtype; the K rows past a page's tokens, the V rows and the null
+ * block 0 hold NaN, as does the metadata of every page on the device, so
+ * reading any of them shows as a NaN score) or, for `away` percent of the
+ * pages, no block (table entry 0): those are scored by their MINMAX bound
+ * from metadata written here (the exact min and max key elements). Keys are
+ * random dtype encodings decoded by tu_f16_value / tu_bf16_value; the
+ * reference is computed in double from them. Raw score tolerance: e_dot =
+ * 1.2e-7 D mag (twice the f32 rounding bound D u of a dot product, mag =
+ * the largest sum_d |q_d k_d| of the page), 3 e_dot + (P + 16) 1.2e-7 / c
+ * for ORACLE (the max's error, the exp arguments' and the sum's), plus 2e-7
+ * of the magnitude of the score; votes as in run_score. */
+typedef struct {
+    uint32_t G, D, P, S;    /* heads per group, head_dim, page_tokens, items */
+    kvt_dtype dt;
+    uint32_t max_full;      /* up to this many full pages per item */
+    uint32_t away;          /* percent of pages with no device block */
+    int special;            /* 1: an infinite key element on a device page;
+                               2: a NaN query element */
+} key_cfg;
+
+static void put_bits(uint8_t *row, kvt_dtype dt, uint32_t i, uint32_t bits)
+{
+    if (dt == KVT_DTYPE_F32)
+        memcpy(row + 4u * i, &bits, 4);
+    else
+        ((uint16_t *)row)[i] = (uint16_t)bits;
+}
+
+static uint32_t nan_bits(kvt_dtype dt)
+{
+    return dt == KVT_DTYPE_F32 ? 0x7fc00000u : dt == KVT_DTYPE_F16 ? 0x7e00u : 0x7fc0u;
+}
+
+static uint32_t inf_bits(kvt_dtype dt)
+{
+    return dt == KVT_DTYPE_F32 ? 0x7f800000u : dt == KVT_DTYPE_F16 ? 0x7c00u : 0x7f80u;
+}
+
+/* A random finite key element of dtype dt, |x| in about [2^-5, 2] or 0:
+ * its encoding, and its value in *x. */
+static uint32_t rnd_key(tu_rng *r, kvt_dtype dt, double *x)
+{
+    const uint32_t sign = tu_below(r, 2);
+    if (tu_below(r, 16) == 0) {
+        *x = sign ? -0.0 : 0.0;
+        return dt == KVT_DTYPE_F32 ? sign << 31 : sign << 15;
+    }
+    if (dt == KVT_DTYPE_F32) {
+        const float f = 2.0f * tu_unit(r);
+        uint32_t u;
+        memcpy(&u, &f, 4);
+        *x = f;
+        return u;
+    }
+    if (dt == KVT_DTYPE_F16) {
+        const uint16_t h = (uint16_t)(sign << 15 | (10u + tu_below(r, 7)) << 10 | tu_below(r, 1024));
+        *x = tu_f16_value(h);
+        return h;
+    }
+    const uint16_t h = (uint16_t)(sign << 15 | (122u + tu_below(r, 7)) << 7 | tu_below(r, 128));
+    *x = tu_bf16_value(h);
+    return h;
+}
+
+static void run_keys(const key_cfg *c, uint64_t seed)
+{
+    tu_rng r = {seed};
+    const uint32_t G = c->G, D = c->D, P = c->P, S = c->S;
+    const kvt_dtype dt = c->dt;
+    const size_t pe = kvt_dtype_size(dt), row = (size_t)D * pe;
+    const uint64_t bb = 2ull * P * row + 16; /* blocks padded to 16 bytes more */
+    const uint64_t mb = 3ull * D * pe + 16;
+    uint32_t *T = calloc(S, sizeof *T), maxp = 0, npages = 0;
+    for (uint32_t s = 0; s < S; s++) {
+        const uint32_t full = tu_below(&r, c->max_full + 1);
+        const uint32_t part = tu_below(&r, 2) ? 1 + tu_below(&r, P - 1) : 0;
+        T[s] = full * P + part;
+        if (s == 1 && S > 2)
+            T[s] = tu_below(&r, 2) ? 0 : 1 + tu_below(&r, P); /* np 0 or 1 */
+        if (s == 2 && S > 3)
+            T[s] = 2 * P + 1 + tu_below(&r, P - 1); /* a partial last page */
+        maxp = pages_of(T[s], P) > maxp ? pages_of(T[s], P) : maxp;
+        npages += pages_of(T[s], P);
+    }
+    /* Per (item, page): tokens, keys [P][D] as values, device block (0 = none). */
+    const uint32_t pstride = maxp + 1, ntab = S * pstride + 3;
+    double *kv = calloc((size_t)S * pstride * P * D, sizeof *kv);
+    uint32_t *kb = calloc((size_t)S * pstride * P * D, sizeof *kb);
+    uint32_t *dtab = calloc(ntab, 4), *mtab = calloc(ntab, 4);
+    uint8_t *inf_page = calloc((size_t)S * pstride, 1);
+    const uint32_t nblk = npages + 2, nslot = ntab + 1;
+    uint32_t *bperm = malloc(nblk * 4), *sperm = malloc(nslot * 4);
+    for (uint32_t i = 0; i < nblk; i++)
+        bperm[i] = i;
+    for (uint32_t i = 0; i < nslot; i++)
+        sperm[i] = i;
+    for (uint32_t i = nblk - 1; i > 1; i--) { /* blocks 1 .. nblk-1 shuffled */
+        uint32_t j = 1 + tu_below(&r, i), t = bperm[i];
+        bperm[i] = bperm[j];
+        bperm[j] = t;
+    }
+    for (uint32_t i = nslot - 1; i > 0; i--) {
+        uint32_t j = tu_below(&r, i + 1), t = sperm[i];
+        sperm[i] = sperm[j];
+        sperm[j] = t;
+    }
+    uint8_t *arena = malloc(nblk * bb), *meta = malloc(nslot * mb);
+    for (uint64_t i = 0; i < nblk * bb / pe; i++)
+        put_bits(arena, dt, (uint32_t)i, nan_bits(dt));
+    for (uint64_t i = 0; i < nslot * mb / pe; i++)
+        put_bits(meta, dt, (uint32_t)i, nan_bits(dt));
+    uint32_t nb = 1;
+    for (uint32_t s = 0; s < S; s++)
+        for (uint32_t pg = 0; pg < pages_of(T[s], P); pg++) {
+            const size_t e = (size_t)s * pstride + pg, te = (size_t)s * pstride + 1 + pg;
+            const uint32_t ntok = T[s] - pg * P < P ? T[s] - pg * P : P;
+            double *kx = kv + e * P * D;
+            uint32_t *kbits = kb + e * P * D;
+            for (uint32_t t = 0; t < ntok * D; t++)
+                kbits[t] = rnd_key(&r, dt, &kx[t]);
+            const int on = tu_below(&r, 100) >= c->away;
+            mtab[te] = sperm[te];
+            dtab[te] = on ? bperm[nb++] : 0;
+            if (on && c->special == 1 && tu_below(&r, 3) == 0) {
+                const uint32_t at = tu_below(&r, ntok * D);
+                kbits[at] = inf_bits(dt) | (tu_below(&r, 2) ? (pe == 4 ? 0x80000000u : 0x8000u) : 0);
+                kx[at] = kbits[at] & (pe == 4 ? 0x80000000u : 0x8000u) ? -INFINITY : INFINITY;
+                inf_page[e] = 1;
+            }
+            if (on) {
+                uint8_t *blk = arena + dtab[te] * bb;
+                for (uint32_t t = 0; t < ntok * D; t++)
+                    put_bits(blk, dt, t, kbits[t]);
+                continue;
+            }
+            /* Away: the bound's metadata, the exact extremes (mean row NaN). */
+            uint8_t *m = meta + mtab[te] * mb;
+            for (uint32_t d = 0; d < D; d++) {
+                uint32_t lo = d, hi = d;
+                for (uint32_t t = 1; t < ntok; t++) {
+                    lo = kx[t * D + d] < kx[lo] ? t * D + d : lo;
+                    hi = kx[t * D + d] > kx[hi] ? t * D + d : hi;
+                }
+                put_bits(m, dt, d, kbits[lo]);
+                put_bits(m, dt, D + d, kbits[hi]);
+            }
+        }
+    uint8_t *d_arena, *d_meta;
+    uint32_t *d_dtab, *d_mtab;
+    TU_OK(kvt__cu_malloc((void **)&d_arena, nblk * bb));
+    TU_OK(kvt__cu_malloc((void **)&d_meta, nslot * mb));
+    TU_OK(kvt__cu_malloc((void **)&d_dtab, ntab * 4));
+    TU_OK(kvt__cu_malloc((void **)&d_mtab, ntab * 4));
+    TU_OK(kvt__cu_memcpy(d_arena, arena, nblk * bb));
+    TU_OK(kvt__cu_memcpy(d_meta, meta, nslot * mb));
+    TU_OK(kvt__cu_memcpy(d_dtab, dtab, ntab * 4));
+    TU_OK(kvt__cu_memcpy(d_mtab, mtab, ntab * 4));
+
+    const size_t nq = (size_t)S * G * D;
+    float *q = malloc(nq * 4);
+    for (size_t i = 0; i < nq; i++) {
+        const uint32_t w = tu_below(&r, 20);
+        q[i] = w == 0 ? 0.0f : w == 1 ? -0.0f : tu_unit(&r);
+    }
+    if (c->special == 2)
+        q[tu_below(&r, (uint32_t)nq)] = NAN;
+    float *d_q, *d_vote;
+    TU_OK(kvt__cu_malloc((void **)&d_q, nq * 4));
+    TU_OK(kvt__cu_memcpy(d_q, q, nq * 4));
+    const uint32_t vstride = maxp + 3;
+    TU_OK(kvt__cu_malloc((void **)&d_vote, (size_t)S * vstride * 4));
+    kvt__cu_score_item *items = calloc(S, sizeof *items), *d_items;
+    TU_OK(kvt__cu_malloc((void **)&d_items, S * sizeof *items));
+    for (uint32_t s = 0; s < S; s++) {
+        items[s].q_off = (uint64_t)s * G * D;
+        items[s].table_off = (uint64_t)s * pstride + 1;
+        items[s].vote_off = (uint64_t)s * vstride + 1;
+        items[s].n_pages = pages_of(T[s], P);
+        items[s].tokens = T[s];
+    }
+    TU_OK(kvt__cu_memcpy(d_items, items, S * sizeof *items));
+    void *stream;
+    TU_OK(kvt__cu_stream_create(&stream, 0));
+
+    /* Reference votes [S][vstride] (item s's page pg at s * vstride + 1 + pg). */
+    double *raw = malloc((size_t)G * pstride * 8), *err = malloc((size_t)G * pstride * 8);
+    double *ref = malloc((size_t)S * vstride * 8), *tol = malloc((size_t)S * vstride * 8);
+    float *gv = malloc((size_t)S * vstride * 4), *g0v = malloc((size_t)S * vstride * 4);
+    const float scales[] = {1.0f / sqrtf((float)D), 0.37f, 1.3f};
+    for (uint32_t method = KVT_SCORE_TOKEN; method <= KVT_SCORE_ORACLE; method++)
+        for (uint32_t vote = 0; vote <= KVT_VOTE_SOFTVOTE; vote++) {
+            const int oracle = method == KVT_SCORE_ORACLE;
+            const int sv = oracle || vote == KVT_VOTE_SOFTVOTE; /* ORACLE: always SOFTVOTE */
+            const float scale = scales[tu_below(&r, 3)];
+            for (uint32_t s = 0; s < S; s++) {
+                const uint32_t np = pages_of(T[s], P);
+                double *rf = ref + (size_t)s * vstride + 1, *tl = tol + (size_t)s * vstride + 1;
+                for (uint32_t g = 0; g < G; g++) {
+                    const float *qg = q + ((size_t)s * G + g) * D;
+                    int qbad = 0;
+                    for (uint32_t d = 0; d < D; d++)
+                        qbad |= !isfinite(qg[d]);
+                    for (uint32_t pg = 0; pg < np; pg++) {
+                        const size_t e = (size_t)s * pstride + pg;
+                        const uint32_t ntok = T[s] - pg * P < P ? T[s] - pg * P : P;
+                        const double *kx = kv + e * P * D;
+                        double v, mag = 0;
+                        if (dtab[e + 1]) { /* on the device: exact, from the keys */
+                            double m = -INFINITY, z = 0, dots[256];
+                            for (uint32_t t = 0; t < ntok; t++) {
+                                double dot = 0, am = 0;
+                                for (uint32_t d = 0; d < D; d++) {
+                                    dot += (double)qg[d] * kx[t * D + d];
+                                    am += fabs((double)qg[d] * kx[t * D + d]);
+                                }
+                                dots[t] = dot;
+                                m = dot > m ? dot : m;
+                                mag = am > mag ? am : mag;
+                            }
+                            for (uint32_t t = 0; t < ntok; t++)
+                                z += exp(scale * (dots[t] - m));
+                            v = oracle ? m + log(z) / scale : m;
+                            if (inf_page[e])
+                                v = NAN;
+                        } else { /* away: the MINMAX bound (+ ln(ntok) / c) */
+                            double b = 0;
+                            for (uint32_t d = 0; d < D; d++) {
+                                double lo = INFINITY, hi = -INFINITY;
+                                for (uint32_t t = 0; t < ntok; t++) {
+                                    lo = kx[t * D + d] < lo ? kx[t * D + d] : lo;
+                                    hi = kx[t * D + d] > hi ? kx[t * D + d] : hi;
+                                }
+                                const double x = qg[d];
+                                const double u = (x > 0 ? x : 0) * hi + (x < 0 ? x : 0) * lo;
+                                b += u;
+                                mag += fabs(u);
+                            }
+                            v = oracle ? b + log((double)ntok) / scale : b;
+                        }
+                        if (qbad)
+                            v = NAN;
+                        const double edot = 1.2e-7 * D * mag;
+                        raw[(size_t)g * np + pg] = v;
+                        err[(size_t)g * np + pg] =
+                            (oracle ? 3 * edot + (P + 16) * 1.2e-7 / scale : edot) +
+                            (isfinite(v) ? 2e-7 * fabs(v) : 0) + 1e-30;
+                    }
+                }
+                for (uint32_t pg = 0; pg < np; pg++) {
+                    rf[pg] = sv ? 0 : raw[pg];
+                    tl[pg] = sv ? 1e-9 : err[pg];
+                }
+                for (uint32_t g = sv ? 0 : 1; g < G; g++) {
+                    const double *rg = raw + (size_t)g * np, *eg = err + (size_t)g * np;
+                    if (!sv) {
+                        for (uint32_t pg = 0; pg < np; pg++) {
+                            if (vote == KVT_VOTE_SUM) {
+                                rf[pg] += rg[pg];
+                                tl[pg] += eg[pg] + 1.2e-7 * fabs(rf[pg]);
+                            } else {
+                                rf[pg] = rg[pg] > rf[pg] || isnan(rg[pg]) ? rg[pg] : rf[pg];
+                                tl[pg] = eg[pg] > tl[pg] ? eg[pg] : tl[pg];
+                            }
+                        }
+                        continue;
+                    }
+                    double mx = -INFINITY, emax = 0, zs = 0;
+                    int special = 0; /* a NaN score takes the head's whole vote */
+                    for (uint32_t pg = 0; pg < np; pg++) {
+                        special |= isnan(rg[pg]) || rg[pg] == INFINITY;
+                        mx = scale * rg[pg] > mx ? scale * rg[pg] : mx;
+                        emax = eg[pg] > emax ? eg[pg] : emax;
+                    }
+                    if (special) {
+                        for (uint32_t pg = 0; pg < np; pg++)
+                            rf[pg] += isnan(rg[pg]) || rg[pg] == INFINITY ? INFINITY : 0;
+                        continue;
+                    }
+                    for (uint32_t pg = 0; pg < np; pg++)
+                        zs += exp(scale * rg[pg] - mx);
+                    for (uint32_t pg = 0; pg < np; pg++) {
+                        const double p = exp(scale * rg[pg] - mx) / zs;
+                        rf[pg] += p;
+                        tl[pg] += p * (2 * scale * emax + 1e-5);
+                    }
+                }
+                for (uint32_t pg = 0; pg < np; pg++)
+                    if (isnan(rf[pg]))
+                        rf[pg] = INFINITY;
+            }
+
+            /* Run 0: the reference check; runs 1 and 2 (a workspace, a low
+             * max_pages hint: items above it recompute) must give the same
+             * bits. */
+            for (int run = 0; run < 3; run++) {
+                kvt__cu_score_args a = {0};
+                a.d_items = d_items;
+                a.n_items = S;
+                a.G = G;
+                a.D = D;
+                a.dtype = dt;
+                a.method = method;
+                a.vote = vote;
+                a.vote_scale = scale;
+                a.max_pages = run == 2 ? maxp / 2 : maxp;
+                a.d_q = d_q;
+                a.d_meta_table = d_mtab;
+                a.d_meta_base = d_meta;
+                a.meta_bytes = mb;
+                a.d_vote = d_vote;
+                kvt__cu_score_keys k = {0};
+                k.d_dev_table = d_dtab;
+                k.d_dev_base = d_arena;
+                k.block_bytes = bb;
+                k.P = P;
+                const size_t wsb = kvt__cu_score_workspace_bytes(&a);
+                assert_int_equal(wsb, sv ? (size_t)S * a.max_pages * G * 4 : 0);
+                float *d_work = NULL;
+                if (run > 0 && wsb) {
+                    TU_OK(kvt__cu_malloc((void **)&d_work, wsb));
+                    TU_OK(kvt__cu_memset(d_work, 0xff, wsb));
+                }
+                k.d_work = d_work;
+                TU_OK(kvt__cu_memset(d_vote, 0xa5, (size_t)S * vstride * 4));
+                TU_OK(kvt__cu_score_ex(&a, &k, stream));
+                TU_OK(kvt__cu_stream_sync(stream));
+                TU_OK(kvt__cu_memcpy(gv, d_vote, (size_t)S * vstride * 4));
+                const int had_ws = d_work != NULL;
+                kvt__cu_free(d_work);
+                if (run > 0) {
+                    if (memcmp(gv, g0v, (size_t)S * vstride * 4) != 0)
+                        fail_msg("method %u vote %u G %u D %u: run %d (workspace %d, max_pages "
+                                 "%u) differs from run 0", method, vote, G, D, run, had_ws,
+                                 a.max_pages);
+                    continue;
+                }
+                memcpy(g0v, gv, (size_t)S * vstride * 4);
+                for (uint32_t s = 0; s < S; s++) {
+                    const uint32_t np = pages_of(T[s], P);
+                    const float *g = gv + (size_t)s * vstride + 1;
+                    const double *rf = ref + (size_t)s * vstride + 1;
+                    const double *tl = tol + (size_t)s * vstride + 1;
+                    uint32_t pat;
+                    memcpy(&pat, g - 1, 4);
+                    assert_int_equal(pat, PATTERN);
+                    memcpy(&pat, g + np, 4);
+                    assert_int_equal(pat, PATTERN);
+                    for (uint32_t pg = 0; pg < np; pg++) {
+                        const int ok = isinf(rf[pg]) || isinf(g[pg])
+                                           ? (double)g[pg] == rf[pg]
+                                           : fabs((double)g[pg] - rf[pg]) <= tl[pg];
+                        if (!ok)
+                            fail_msg("method %u vote %u G %u D %u P %u dtype %u item %u page "
+                                     "%u/%u (%s): GPU %.9g, reference %.9g, tolerance %.3g",
+                                     method, vote, G, D, P, dt, s, pg, np,
+                                     dtab[s * pstride + 1 + pg] ? "device" : "away",
+                                     (double)g[pg], rf[pg], tl[pg]);
+                    }
+                }
+            }
+        }
+
+    kvt__cu_stream_destroy(stream);
+    kvt__cu_free(d_arena);
+    kvt__cu_free(d_meta);
+    kvt__cu_free(d_dtab);
+    kvt__cu_free(d_mtab);
+    kvt__cu_free(d_q);
+    kvt__cu_free(d_vote);
+    kvt__cu_free(d_items);
+    free(T);
+    free(kv);
+    free(kb);
+    free(dtab);
+    free(mtab);
+    free(inf_page);
+    free(bperm);
+    free(sperm);
+    free(arena);
+    free(meta);
+    free(q);
+    free(items);
+    free(raw);
+    free(err);
+    free(ref);
+    free(tol);
+    free(gv);
+    free(g0v);
+}
+
+static void test_score_keys(void **state)
+{
+    (void)state;
+    static const key_cfg cfgs[] = {
+        {1, 64, 16, 6, KVT_DTYPE_F16, 20, 30, 0},
+        {4, 128, 32, 5, KVT_DTYPE_BF16, 12, 30, 0},
+        {8, 8, 8, 6, KVT_DTYPE_F32, 40, 30, 0},
+        {8, 128, 16, 4, KVT_DTYPE_F16, 10, 0, 0},   /* every page on the device */
+        {4, 64, 16, 4, KVT_DTYPE_F32, 10, 100, 0},  /* none: bounds only */
+        {1, 8, 64, 4, KVT_DTYPE_BF16, 6, 50, 0},
+        {4, 8, 16, 4, KVT_DTYPE_F16, 12, 30, 0},
+        {1, 128, 8, 4, KVT_DTYPE_F32, 16, 30, 0},
+        {8, 64, 32, 4, KVT_DTYPE_BF16, 8, 30, 0},
+        {12, 64, 16, 3, KVT_DTYPE_F16, 8, 30, 0},   /* two head tiles */
+        {40, 256, 8, 2, KVT_DTYPE_BF16, 6, 30, 0},  /* queries too big to stage */
+        {8, 128, 16, 2, KVT_DTYPE_F32, 150, 30, 0}, /* pages over several blocks / rounds */
+        {4, 64, 16, 4, KVT_DTYPE_F16, 8, 30, 1},    /* infinite keys: NaN scores, +inf votes */
+        {4, 64, 16, 4, KVT_DTYPE_BF16, 8, 30, 2},   /* a NaN query element */
+    };
+    for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++)
+        if (gpu_case_kept(i))
+            run_keys(&cfgs[i], 0x70c3e500u + i);
 }
 
 /* ---- top-K --------------------------------------------------------------------------- */
@@ -707,7 +1132,7 @@ static void test_bad_args(void **state)
     BAD(D, 2048, "a->D");
     BAD(dtype, 0, "a->dtype");
     BAD(dtype, 9, "a->dtype");
-    BAD(method, 2, "a->method");
+    BAD(method, 4, "a->method");
     BAD(vote, 3, "a->vote");
     BAD(vote_scale, -1.0f, "a->vote_scale");
     BAD(vote_scale, INFINITY, "a->vote_scale");
@@ -726,6 +1151,54 @@ static void test_bad_args(void **state)
     a.n_items = 0;
     a.d_items = NULL;
     TU_OK(kvt__cu_score(&a, NULL));
+
+    /* TOKEN and ORACLE: the keys' arguments. */
+    kvt__cu_score_keys kok = {0};
+    kok.d_dev_table = (const uint32_t *)dummy;
+    kok.d_dev_base = dummy;
+    kok.block_bytes = 2 * 16 * 128 * 2;
+    kok.P = 16;
+    kvt__cu_score_keys k;
+    for (uint32_t method = KVT_SCORE_TOKEN; method <= KVT_SCORE_ORACLE; method++) {
+        a = ok;
+        a.method = method;
+        TU_EXPECT_ERR(kvt__cu_score(&a, NULL), KVT_EINVAL, "k: TOKEN");
+        TU_EXPECT_ERR(kvt__cu_score_ex(&a, NULL, NULL), KVT_EINVAL, "k: TOKEN");
+#define BADK(field, value, needle)                                          \
+    do {                                                                    \
+        k = kok;                                                            \
+        k.field = value;                                                    \
+        TU_EXPECT_ERR(kvt__cu_score_ex(&a, &k, NULL), KVT_EINVAL, needle);  \
+    } while (0)
+        BADK(P, 0, "k->P");
+        BADK(P, 12, "k->P");
+        BADK(P, 512, "k->P");
+        BADK(block_bytes, 2 * 16 * 128 * 2 - 16, "k->block_bytes");
+        BADK(block_bytes, 2 * 16 * 128 * 2 + 8, "k->block_bytes");
+        BADK(reserved, 1, "k->reserved");
+        BADK(d_dev_table, NULL, "k->d_dev_table");
+        BADK(d_dev_base, NULL, "k->d_dev_base");
+        BADK(d_dev_base, dummy + 8, "k->d_dev_base");
+#undef BADK
+        a.vote_scale = 0.0f; /* SOFTVOTE accepts 0; ORACLE's c must be > 0 */
+        if (method == KVT_SCORE_ORACLE)
+            TU_EXPECT_ERR(kvt__cu_score_ex(&a, &kok, NULL), KVT_EINVAL, "a->vote_scale");
+        a.vote = KVT_VOTE_SUM;
+        a.vote_scale = method == KVT_SCORE_ORACLE ? -1.0f : NAN;
+        if (method == KVT_SCORE_ORACLE)
+            TU_EXPECT_ERR(kvt__cu_score_ex(&a, &kok, NULL), KVT_EINVAL, "a->vote_scale");
+        a.n_items = 0; /* nothing to do: valid */
+        a.d_items = NULL;
+        a.vote_scale = 0.5f;
+        TU_OK(kvt__cu_score_ex(&a, &kok, NULL));
+    }
+    /* MINMAX and MEAN ignore the keys. */
+    a = ok;
+    a.n_items = 0;
+    a.d_items = NULL;
+    k = kok;
+    k.P = 0;
+    TU_OK(kvt__cu_score_ex(&a, &k, NULL));
 
     kvt__cu_topk_args tok = {0};
     tok.d_items = (const kvt__cu_topk_item *)dummy;
@@ -762,6 +1235,7 @@ int main(void)
     GPU_SKIP_WITHOUT_DEVICE();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_score_shapes),
+        cmocka_unit_test(test_score_keys),
         cmocka_unit_test(test_topk_small),
         cmocka_unit_test(test_topk_edges),
         cmocka_unit_test(test_topk_large),

@@ -234,7 +234,10 @@ static void make_policy(fx *f, const kvt_geometry *g)
         iv[b] = b % N_KV_HEADS == 3 ? 1 : 2 + b % 3;
     }
     kvt_policy_heads hd = {sizeof hd, NLH, cls, k, w, sink, local, iv, NULL};
-    TU_OK(kvt_policy_create_heads(g, NULL, &hd, &f->pol));
+    kvt_policy_opts po;
+    TU_OK(kvt_policy_opts_init(&po));
+    po.rerank_similarity = -1.0f; /* the CUDA step reranks on the interval alone */
+    TU_OK(kvt_policy_create_heads(g, &po, &hd, &f->pol));
 }
 
 /* delay_us: the CUDA pool's copiers sleep that long before each round, so
@@ -250,6 +253,7 @@ static void tiered_open(fx *f, uint64_t seed)
     kvt_geometry g = {N_LAYERS, N_KV_HEADS, HQ, HEAD_DIM, PAGE_TOKENS, KVT_DTYPE_F16, {0, 0}};
     make_policy(f, &g);
     kvt_selector_opts so = KVT_SELECTOR_OPTS_INIT;
+    so.rerank_similarity = -1.0f; /* the CUDA step reranks on the interval alone */
     TU_OK(kvt_selector_create(&g, &so, &f->sel));
     kvt_pool_opts oc = opts_of(f, KVT_BACKEND_CPU, 420, 150, true);
     kvt_pool_opts og = opts_of(f, KVT_BACKEND_CUDA, 420, 150, true);
@@ -518,6 +522,7 @@ static void test_warmup_vs_cpu(void **state)
         kvt_geometry g = {N_LAYERS, N_KV_HEADS, HQ, HEAD_DIM, PAGE_TOKENS, KVT_DTYPE_F16, {0, 0}};
         make_policy(&f, &g);
         kvt_selector_opts so = KVT_SELECTOR_OPTS_INIT;
+        so.rerank_similarity = -1.0f; /* the CUDA step reranks on the interval alone */
         so.method = cfg[c].method;
         so.vote = cfg[c].vote;
         so.vote_scale = 0.125f;
@@ -609,6 +614,7 @@ static void run_moves(size_t kernel_max, bool unpinned)
     f.r = (tu_rng){0x30e5ull};
     kvt_geometry g = {N_LAYERS, N_KV_HEADS, HQ, HEAD_DIM, PAGE_TOKENS, KVT_DTYPE_F16, {0, 0}};
     kvt_selector_opts so = KVT_SELECTOR_OPTS_INIT;
+    so.rerank_similarity = -1.0f; /* the CUDA step reranks on the interval alone */
     so.top_k_pages = 2;
     so.sink_pages = 1;
     so.local_pages = 1;
@@ -729,6 +735,7 @@ static void test_copier_rounds(void **state)
     tu_rng r = {0xc09e5ull};
     kvt_geometry g = {N_LAYERS, N_KV_HEADS, HQ, HEAD_DIM, PAGE_TOKENS, KVT_DTYPE_F16, {0, 0}};
     kvt_selector_opts so = KVT_SELECTOR_OPTS_INIT;
+    so.rerank_similarity = -1.0f; /* the CUDA step reranks on the interval alone */
     TU_OK(kvt_selector_create(&g, &so, &f.sel));
     kvt_pool_opts og = opts_of(&f, KVT_BACKEND_CUDA, 64, 64, false);
     TU_OK(kvt_pool_create(&og, &f.gpu));
