@@ -463,14 +463,15 @@ demo: $(O)/bin/kvtier-decode
 # never the example programs (nor their OpenBLAS dependency).
 install: lib
 	install -d $(DESTDIR)$(LIBDIR) $(DESTDIR)$(INCLUDEDIR)/kvtier $(DESTDIR)$(PKGCONFIGDIR) \
-	  $(DESTDIR)$(MANDIR)/man3 $(DESTDIR)$(MANDIR)/man5 $(DESTDIR)$(MANDIR)/man7 \
-	  $(DESTDIR)$(BINDIR)
+	  $(DESTDIR)$(MANDIR)/man1 $(DESTDIR)$(MANDIR)/man3 $(DESTDIR)$(MANDIR)/man5 \
+	  $(DESTDIR)$(MANDIR)/man7 $(DESTDIR)$(BINDIR)
 	install -m 644 include/kvtier/*.h $(DESTDIR)$(INCLUDEDIR)/kvtier/
 	install -m 755 $(LIB_SO) $(DESTDIR)$(LIBDIR)/
 	ln -sf $(SOFILE) $(DESTDIR)$(LIBDIR)/$(SONAME)
 	ln -sf $(SONAME) $(DESTDIR)$(LIBDIR)/$(LIBNAME).so
 	install -m 644 $(LIB_A) $(DESTDIR)$(LIBDIR)/
 	$(call kvt_pc,$(DESTDIR)$(PKGCONFIGDIR)/kvtier.pc)
+	install -m 644 man/man1/*.1 $(DESTDIR)$(MANDIR)/man1/
 	install -m 644 man/man3/*.3 $(DESTDIR)$(MANDIR)/man3/
 	install -m 644 man/man5/*.5 $(DESTDIR)$(MANDIR)/man5/
 	install -m 644 man/man7/*.7 $(DESTDIR)$(MANDIR)/man7/
@@ -482,6 +483,7 @@ uninstall:
 	  $(DESTDIR)$(LIBDIR)/$(LIBNAME).so $(DESTDIR)$(LIBDIR)/$(LIBNAME).a \
 	  $(DESTDIR)$(PKGCONFIGDIR)/kvtier.pc
 	rm -rf $(DESTDIR)$(INCLUDEDIR)/kvtier
+	for f in man/man1/*.1; do rm -f $(DESTDIR)$(MANDIR)/man1/$${f##*/}; done
 	for f in man/man3/*.3; do rm -f $(DESTDIR)$(MANDIR)/man3/$${f##*/}; done
 	for f in man/man5/*.5; do rm -f $(DESTDIR)$(MANDIR)/man5/$${f##*/}; done
 	for f in man/man7/*.7; do rm -f $(DESTDIR)$(MANDIR)/man7/$${f##*/}; done

@@ -22,7 +22,8 @@ $MAKE -s O="$O" install DESTDIR="$dest" PREFIX=/usr LIBDIR=/usr/lib >/dev/null
 for f in usr/include/kvtier/kvtier.h usr/include/kvtier/pool.h usr/lib/libkvtier.a \
          usr/lib/libkvtier.so usr/lib/libkvtier.so.0 usr/lib/pkgconfig/kvtier.pc \
          usr/share/man/man7/kvtier.7 usr/share/man/man3/kvt_pool_create.3 \
-         usr/share/man/man5/kvtier-profile.5 usr/include/kvtier/policy.h \
+         usr/share/man/man5/kvtier-profile.5 usr/share/man/man1/kvtier-decode.1 \
+         usr/include/kvtier/policy.h \
          usr/bin/kvtier-profile \
          usr/bin/kvtier-pool-demo; do
   [ -e "$dest/$f" ] || { echo "not installed: $f"; exit 1; }

@@ -129,6 +129,8 @@ int main(void)
     F(kvt_stats, remote_corrupt);
     F(kvt_stats, remote_redirects);
     F(kvt_stats, remote_queue_bytes);
+    F(kvt_stats, head_selections);
+    F(kvt_stats, similarity_reranks);
     end();
 
     S(kvt_seq_opts, KVT_SEQ_OPTS);
@@ -165,6 +167,8 @@ int main(void)
     F(kvt_selector_opts, local_pages);
     F(kvt_selector_opts, rerank_interval);
     F(kvt_selector_opts, vote_scale);
+    F(kvt_selector_opts, rerank_similarity);
+    F(kvt_selector_opts, reserved);
     end();
 
     S(kvt_policy_opts, KVT_POLICY_OPTS);
@@ -176,6 +180,8 @@ int main(void)
     F(kvt_policy_opts, local_pages);
     F(kvt_policy_opts, stable_interval);
     F(kvt_policy_opts, unstable_interval);
+    F(kvt_policy_opts, rerank_similarity);
+    F(kvt_policy_opts, reserved);
     end();
 
     S(kvt_policy_heads, KVT_POLICY_HEADS);
@@ -187,6 +193,7 @@ int main(void)
     F(kvt_policy_heads, sink_pages);
     F(kvt_policy_heads, local_pages);
     F(kvt_policy_heads, rerank_interval);
+    F(kvt_policy_heads, rerank_similarity);
     end();
 
     S(kvt_policy_head_info, KVT_POLICY_HEAD_INFO);
@@ -197,7 +204,7 @@ int main(void)
     F(kvt_policy_head_info, sink_pages);
     F(kvt_policy_head_info, local_pages);
     F(kvt_policy_head_info, rerank_interval);
-    F(kvt_policy_head_info, reserved);
+    F(kvt_policy_head_info, rerank_similarity);
     end();
 
     S(kvt_profiler_opts, KVT_PROFILER_OPTS);

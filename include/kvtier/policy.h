@@ -87,9 +87,9 @@ typedef struct kvt_policy_heads {
     const uint32_t *sink_pages;
     const uint32_t *local_pages;
     const uint32_t *rerank_interval;
-    /* Appended after the first layout (a struct_size of 64 reads it as
-     * NULL): the selection cache's threshold of each head (NULL: the
-     * options' rerank_similarity). */
+    /* Appended after the first layout (a struct_size of 56, on LP64,
+     * reads it as NULL): the selection cache's threshold of each head
+     * (NULL: the options' rerank_similarity). */
     const float *rerank_similarity;
 } kvt_policy_heads;
 

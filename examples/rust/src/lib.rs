@@ -16,7 +16,10 @@
 //!   options borrow ([`SeqOpts::prefix`], [`StepOpts::token_ids`]);
 //! * the remote tier (kvtier/remote.h): [`RemoteOpts`] owns its strings, which
 //!   `kvt_pool_create` copies, so the pool borrows nothing from them; its log
-//!   closure is shared with the pool ([`Arc`]) and lives as long as it.
+//!   closure is shared with the pool ([`Arc`]) and lives as long as it;
+//! * the selection cache: `rerank_similarity` of [`SelectorOpts`] and
+//!   [`PolicyOpts`], [`Selector::set_rerank_similarity`], and the
+//!   `head_selections` / `similarity_reranks` counters of [`Stats`].
 //!
 //! Buffers passed to the kernels are f32 (`KVT_DTYPE_F32` as the source type);
 //! the pool itself may store f16, bf16 or f32.
@@ -231,6 +234,7 @@ impl Policy {
             sink_pages: ptr::null(),
             local_pages: ptr::null(),
             rerank_interval: ptr::null(),
+            rerank_similarity: ptr::null(),
         };
         let mut raw = ptr::null_mut();
         let o = opts.map_or(ptr::null(), |o| o as *const _);
@@ -343,6 +347,23 @@ impl Selector {
     pub fn set_rerank_interval(&mut self, layer: u32, kv_head: u32, interval: u32) -> Result<()> {
         check(unsafe {
             sys::kvt_selector_rerank_interval_set(self.raw.as_ptr(), layer, kv_head, interval)
+        })
+    }
+
+    /// The selection cache's threshold of one (layer, kv_head)
+    /// (`kvt_selector_rerank_similarity_set`; `sys::KVT_ALL` for every one):
+    /// between the interval's reranks a head is rescored once the cosine
+    /// similarity of its query to the query of its last rerank falls below
+    /// `threshold`, -1 ..= 1 (-1 = the interval alone); anything else,
+    /// NaN included, is `KVT_EINVAL`.
+    pub fn set_rerank_similarity(
+        &mut self,
+        layer: u32,
+        kv_head: u32,
+        threshold: f32,
+    ) -> Result<()> {
+        check(unsafe {
+            sys::kvt_selector_rerank_similarity_set(self.raw.as_ptr(), layer, kv_head, threshold)
         })
     }
 

@@ -216,6 +216,9 @@ pub struct kvt_stats {
     pub remote_corrupt: u64,
     pub remote_redirects: u64,
     pub remote_queue_bytes: u64,
+    // Appended by the selection cache (selector.h).
+    pub head_selections: u64,
+    pub similarity_reranks: u64,
 }
 
 #[repr(C)]
@@ -322,6 +325,8 @@ impl Default for kvt_remote_opts {
 pub type kvt_score_method = u32;
 pub const KVT_SCORE_MINMAX: kvt_score_method = 0;
 pub const KVT_SCORE_MEAN: kvt_score_method = 1;
+pub const KVT_SCORE_TOKEN: kvt_score_method = 2;
+pub const KVT_SCORE_ORACLE: kvt_score_method = 3;
 
 pub type kvt_vote = u32;
 pub const KVT_VOTE_SUM: kvt_vote = 0;
@@ -342,7 +347,15 @@ pub struct kvt_selector_opts {
     pub local_pages: u32,
     pub rerank_interval: u32,
     pub vote_scale: f32,
+    // Appended by the selection cache (struct_size 32 reads it as
+    // KVT_RERANK_SIMILARITY_DEFAULT).
+    pub rerank_similarity: f32,
+    pub reserved: u32,
 }
+
+/// The selection cache's default threshold (`kvt_selector_opts` and
+/// `kvt_policy_opts.rerank_similarity`).
+pub const KVT_RERANK_SIMILARITY_DEFAULT: f32 = 0.9;
 
 // ---- policy.h ---------------------------------------------------------------
 pub type kvt_head_class = u32;
@@ -363,6 +376,10 @@ pub struct kvt_policy_opts {
     pub local_pages: u32,
     pub stable_interval: u32,
     pub unstable_interval: u32,
+    // Appended by the selection cache (struct_size 32 reads it as
+    // KVT_RERANK_SIMILARITY_DEFAULT).
+    pub rerank_similarity: f32,
+    pub reserved: u32,
 }
 
 #[repr(C)]
@@ -376,6 +393,8 @@ pub struct kvt_policy_heads {
     pub sink_pages: *const u32,
     pub local_pages: *const u32,
     pub rerank_interval: *const u32,
+    // Appended by the selection cache (struct_size 56 reads it as NULL).
+    pub rerank_similarity: *const f32,
 }
 
 #[repr(C)]
@@ -388,7 +407,7 @@ pub struct kvt_policy_head_info {
     pub sink_pages: u32,
     pub local_pages: u32,
     pub rerank_interval: u32,
-    pub reserved: u32,
+    pub rerank_similarity: f32,
 }
 
 #[repr(C)]
@@ -618,6 +637,12 @@ extern "C" {
         layer: u32,
         kv_head: u32,
         interval: u32,
+    ) -> c_int;
+    pub fn kvt_selector_rerank_similarity_set(
+        sel: *mut kvt_selector,
+        layer: u32,
+        kv_head: u32,
+        threshold: f32,
     ) -> c_int;
     pub fn kvt_selector_select(
         sel: *const kvt_selector,

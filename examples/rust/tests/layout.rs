@@ -132,6 +132,8 @@ fn rust_structs() -> Vec<RStruct> {
             remote_corrupt,
             remote_redirects,
             remote_queue_bytes,
+            head_selections,
+            similarity_reranks,
         }),
         rust_layout!(kvt_seq_opts {
             struct_size,
@@ -165,6 +167,8 @@ fn rust_structs() -> Vec<RStruct> {
             local_pages,
             rerank_interval,
             vote_scale,
+            rerank_similarity,
+            reserved,
         }),
         rust_layout!(kvt_policy_opts {
             struct_size,
@@ -175,6 +179,8 @@ fn rust_structs() -> Vec<RStruct> {
             local_pages,
             stable_interval,
             unstable_interval,
+            rerank_similarity,
+            reserved,
         }),
         rust_layout!(kvt_policy_heads {
             struct_size,
@@ -185,6 +191,7 @@ fn rust_structs() -> Vec<RStruct> {
             sink_pages,
             local_pages,
             rerank_interval,
+            rerank_similarity,
         }),
         rust_layout!(kvt_policy_head_info {
             struct_size,
@@ -194,7 +201,7 @@ fn rust_structs() -> Vec<RStruct> {
             sink_pages,
             local_pages,
             rerank_interval,
-            reserved,
+            rerank_similarity,
         }),
         rust_layout!(kvt_profiler_opts {
             struct_size,
@@ -357,10 +364,23 @@ fn appended_fields_start_at_the_documented_sizes() {
     // kvt_pool_opts: 136 (first layout), 160 (+ prefix cache), 168 (+ remote).
     at!(kvt_pool_opts, c::KVT_POOL_OPTS, prefix_cache_bytes, 136);
     at!(kvt_pool_opts, c::KVT_POOL_OPTS, remote, 160);
-    // kvt_stats: 328, 408 (+ prefix cache), 504 (+ remote: 12 counters).
+    // kvt_stats: 328, 408 (+ prefix cache), 504 (+ remote: 12 counters),
+    // 520 (+ selection: 2 counters).
     at!(kvt_stats, c::KVT_STATS, prefix_lookups, 328);
     at!(kvt_stats, c::KVT_STATS, remote_fetches, 408);
     at!(kvt_stats, c::KVT_STATS, remote_queue_bytes, 408 + 11 * 8);
+    at!(kvt_stats, c::KVT_STATS, head_selections, 504);
+    at!(kvt_stats, c::KVT_STATS, similarity_reranks, 512);
+    // kvt_selector_opts and kvt_policy_opts: 32, 40 (+ the selection cache).
+    at!(kvt_selector_opts, c::KVT_SELECTOR_OPTS, rerank_similarity, 32);
+    at!(kvt_selector_opts, c::KVT_SELECTOR_OPTS, reserved, 36);
+    at!(kvt_policy_opts, c::KVT_POLICY_OPTS, rerank_similarity, 32);
+    at!(kvt_policy_opts, c::KVT_POLICY_OPTS, reserved, 36);
+    // kvt_policy_heads: 56, 64 (+ the selection cache's per-head thresholds;
+    // the library's first layout ends after rerank_interval).
+    at!(kvt_policy_heads, c::KVT_POLICY_HEADS, rerank_similarity, 56);
+    // kvt_policy_head_info: rerank_similarity took the place of reserved.
+    at!(kvt_policy_head_info, c::KVT_POLICY_HEAD_INFO, rerank_similarity, 28);
     // kvt_seq_info: 56, 72 (+ prefix cache), 80 (+ remote).
     at!(kvt_seq_info, c::KVT_SEQ_INFO, prefix_tokens, 56);
     at!(kvt_seq_info, c::KVT_SEQ_INFO, remote_tokens, 72);
@@ -371,7 +391,16 @@ fn appended_fields_start_at_the_documented_sizes() {
     at!(kvt_remote_opts, c::KVT_REMOTE_OPTS, log_ctx, 88);
     for (name, rust, c, want) in [
         ("kvt_pool_opts", size_of::<sys::kvt_pool_opts>(), c::KVT_POOL_OPTS.size, 168),
-        ("kvt_stats", size_of::<sys::kvt_stats>(), c::KVT_STATS.size, 504),
+        ("kvt_stats", size_of::<sys::kvt_stats>(), c::KVT_STATS.size, 520),
+        ("kvt_selector_opts", size_of::<sys::kvt_selector_opts>(), c::KVT_SELECTOR_OPTS.size, 40),
+        ("kvt_policy_opts", size_of::<sys::kvt_policy_opts>(), c::KVT_POLICY_OPTS.size, 40),
+        ("kvt_policy_heads", size_of::<sys::kvt_policy_heads>(), c::KVT_POLICY_HEADS.size, 64),
+        (
+            "kvt_policy_head_info",
+            size_of::<sys::kvt_policy_head_info>(),
+            c::KVT_POLICY_HEAD_INFO.size,
+            32,
+        ),
         ("kvt_seq_info", size_of::<sys::kvt_seq_info>(), c::KVT_SEQ_INFO.size, 80),
         ("kvt_remote_opts", size_of::<sys::kvt_remote_opts>(), c::KVT_REMOTE_OPTS.size, 96),
     ] {
