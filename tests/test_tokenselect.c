@@ -304,6 +304,86 @@ static void test_offdevice_bound(void **state)
     kvt_pool_destroy(p);
 }
 
+/* The step's TOKEN selection (the score pass splits a head's pages into
+ * chunks over the workers): every head's selection equals the brute-force
+ * top-K of the reference votes, and is the same with 1 and 2 threads. Two
+ * sequences, one of 2000 tokens (125 pages: two chunks) and one of 900. */
+static void test_step_token(void **state)
+{
+    (void)state;
+    const uint32_t H = 2, G = 4, D = 64, P = 16, L = 2, NSQ = 2;
+    const uint32_t T[2] = {2000, 900};
+    uint32_t sel1[2][2][2][160], n1[2][2][2]; /* [threads - 1][seq][head] */
+    for (uint32_t threads = 1; threads <= 2; threads++) {
+        tu_rng r = {0x51e9};
+        kvt_pool_opts o = tu_opts(L, H, H * G, D, P, KVT_DTYPE_F16, 1024, 0);
+        o.n_threads = threads;
+        kvt_pool *p;
+        TU_OK(kvt_pool_create(&o, &p));
+        kvt_seq_id ids[2];
+        for (uint32_t i = 0; i < NSQ; i++) {
+            TU_OK(kvt_seq_create(p, NULL, &ids[i]));
+            float *kv = malloc((size_t)T[i] * H * D * sizeof *kv);
+            for (size_t e = 0; e < (size_t)T[i] * H * D; e++)
+                kv[e] = 2.0f * tu_unit(&r) - 1.0f;
+            for (uint32_t l = 0; l < L; l++)
+                TU_OK(kvt_seq_append(p, ids[i], l, kv, kv, T[i], KVT_DTYPE_F32, 0));
+            free(kv);
+        }
+        kvt_geometry g;
+        TU_OK(kvt_pool_geometry_get(p, &g));
+        kvt_selector_opts so = KVT_SELECTOR_OPTS_INIT;
+        so.method = KVT_SCORE_TOKEN;
+        so.vote = KVT_VOTE_SOFTVOTE;
+        so.top_k_pages = 12;
+        kvt_selector *ks;
+        TU_OK(kvt_selector_create(&g, &so, &ks));
+        kvt_step_opts sto = KVT_STEP_OPTS_INIT;
+        sto.selector = ks;
+        kvt_step *st;
+        TU_OK(kvt_step_plan(p, ids, NSQ, &sto, &st));
+        float q[2 * 8 * 64], kvn[2 * 2 * 64];
+        for (uint32_t e = 0; e < NSQ * H * D; e++)
+            kvn[e] = 0.25f;
+        for (uint32_t l = 0; l < L; l++) {
+            for (uint32_t e = 0; e < NSQ * H * G * D; e++)
+                q[e] = 2.0f * tu_unit(&r) - 1.0f;
+            TU_OK(kvt_step_append(st, l, kvn, kvn, KVT_DTYPE_F32, 0));
+            TU_OK(kvt_step_select(st, l, q));
+            for (uint32_t i = 0; i < NSQ; i++)
+                for (uint32_t h = 0; h < H; h++) {
+                    uint32_t n, re, pages[160];
+                    TU_OK(kvt_step_selection_get(st, l, i, h, pages, 160, &n, &re));
+                    assert_int_equal(re, 1);
+                    const uint32_t Tn = T[i] + 1, np = (Tn + P - 1) / P;
+                    double *kd = stored_keys(p, ids[i], l, h, Tn, D, KVT_DTYPE_F16);
+                    double *S = malloc((size_t)G * np * sizeof *S), *v = malloc(np * sizeof *v);
+                    const float *qh = q + ((size_t)i * H * G + (size_t)h * G) * D;
+                    ref_raw(qh, G, D, kd, Tn, P, 0.0, S);
+                    ref_vote(S, G, np, KVT_VOTE_SOFTVOTE, 1.0 / sqrt((double)D), v);
+                    check_topk(pages, n, v, np, Tn, P, so.top_k_pages, so.sink_pages,
+                               so.local_pages, 1e-4 * G);
+                    free(kd);
+                    free(S);
+                    free(v);
+                    if (l == L - 1) { /* the last layer's selection, per thread count */
+                        memcpy(sel1[threads - 1][i][h], pages, n * sizeof *pages);
+                        n1[threads - 1][i][h] = n;
+                    }
+                }
+        }
+        TU_OK(kvt_step_finish(st));
+        TU_CHECK(p);
+        kvt_selector_destroy(ks);
+        kvt_pool_destroy(p);
+    }
+    for (uint32_t i = 0; i < NSQ; i++)
+        for (uint32_t h = 0; h < H; h++) {
+            assert_int_equal(n1[0][i][h], n1[1][i][h]);
+            assert_memory_equal(sel1[0][i][h], sel1[1][i][h], n1[0][i][h] * sizeof(uint32_t));
+        }
+}
+
 /* ---- the selection cache -------------------------------------------------- */
 #define CL 2
 #define CH 3
@@ -441,6 +521,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_token_and_oracle),
         cmocka_unit_test(test_offdevice_bound),
+        cmocka_unit_test(test_step_token),
         cmocka_unit_test(test_select_cache),
     };
     return cmocka_run_group_tests(tests, tier_setup, tier_teardown);

@@ -429,21 +429,21 @@ int main(int argc, char **argv)
          * cache of its own, one token at a time. */
         T = o.prompt_gen;
         prompt = xmalloc(T * sizeof *prompt);
-        kvcache g;
+        kvcache gk;
         const engine_opts geo = {1024, o.threads, NULL, NULL, 1, 0, 0, 0, 0, NULL, 0, 0, NAN};
-        kv_open(&g, &m, &geo, 0, T + 1);
+        kv_open(&gk, &m, &geo, 0, T + 1);
         work gw;
         work_init(&gw, c);
         prob *gps = xmalloc(c->vocab * sizeof *gps);
         uint64_t s = 0x9e3779b97f4a7c15ull ^ o.seed;
         prompt[0] = synthetic ? 0 : 1; /* llama2.c's BOS */
         for (uint32_t i = 0; i + 1 < T; i++) {
-            engine_decode(&m, &g, prompt[i], i, &gw);
+            engine_decode(&m, &gk, prompt[i], i, &gw);
             prompt[i + 1] = (int32_t)sample(gw.logits, c->vocab, 1.0f, 1.0f, &s, gps);
         }
         free(gps);
         work_free(&gw);
-        kv_close(&g);
+        kv_close(&gk);
     } else {
         T = o.prompt_tokens ? o.prompt_tokens : synthetic ? 16384 : 64;
         prompt = xmalloc(T * sizeof *prompt);

@@ -116,145 +116,6 @@ KVT_API int kvt_step_append(kvt_step *st, uint32_t layer, const void *k, const v
 }
 
 /* ---- selection --------------------------------------------------------- */
-/* out[D] = the mean of the nn x G query rows of one (sequence, KV head):
- * token j's G rows start at q + j * qstride. */
-static void kvt__group_mean(const float *q, uint32_t G, uint32_t nn, size_t qstride,
-                            uint32_t D, float *out)
-{
-    memset(out, 0, (size_t)D * sizeof *out);
-    for (uint32_t j = 0; j < nn; j++)
-        for (uint32_t g = 0; g < G; g++) {
-            const float *r = q + j * qstride + (size_t)g * D;
-            for (uint32_t d = 0; d < D; d++)
-                out[d] += r[d];
-        }
-    const float inv = 1.0f / (float)(G * nn);
-    for (uint32_t d = 0; d < D; d++)
-        out[d] *= inv;
-}
-
-/* cos(a, b) (double sums); 1 when both are zero, 0 when one is; NaN with a
- * non-finite element (the caller reranks on anything but >= threshold). */
-static float kvt__cosine(const float *a, const float *b, uint32_t D)
-{
-    double ab = 0.0, aa = 0.0, bb = 0.0;
-    for (uint32_t d = 0; d < D; d++) {
-        ab += (double)a[d] * b[d];
-        aa += (double)a[d] * a[d];
-        bb += (double)b[d] * b[d];
-    }
-    if (aa == 0.0 || bb == 0.0)
-        return aa == bb ? 1.0f : 0.0f;
-    return (float)(ab / sqrt(aa * bb));
-}
-
-static void kvt__sel_task(void *ctx, uint32_t ih, uint32_t thread)
-{
-    kvt_step *st = ctx;
-    const kvt_pool *p = st->pool;
-    const uint32_t i = ih / st->H, h = ih % st->H, layer = st->layer;
-    kvt__seq *s = st->seqs[i];
-    const uint32_t tokens = s->n_tokens[layer], nn = st->nnew[i];
-    const uint32_t np = kvt__pages_for(p, tokens);
-    uint32_t *out = st->sel_pages + st->sel_off[ih];
-    st->sel_rr[ih] = 0;
-    st->sim_rr[ih] = 0;
-    if (st->flags & KVT_STEP_DENSE) {
-        for (uint32_t j = 0; j < np; j++)
-            out[j] = j;
-        st->sel_cnt[ih] = np;
-        return;
-    }
-    const size_t b = (size_t)layer * st->H + h;
-    const kvt_selector *sel = st->sel;
-    const uint32_t k = st->k[b], sink = st->sink[b];
-    const uint32_t local = kvt__step_local(st->local[b], tokens, nn, st->P);
-    kvt__sel_scratch sc;
-    kvt__sel_scratch_carve(&sc, st->tmem + (size_t)thread * st->tstride, st->G * nn, st->D, np);
-    bool due = st->due[(size_t)i * st->L * st->H + b] != 0;
-    /* The plan sized the store for this selector's largest K. */
-    uint32_t *keep = s->sel.topk && (k <= s->sel.topk_cap || np <= s->sel.topk_cap)
-                         ? s->sel.topk + b * s->sel.topk_cap
-                         : NULL;
-    const float *qh = st->q + ((size_t)st->row0[i] * st->Hq + (size_t)h * st->G) * st->D;
-    /* The selection cache: the group's mean query against the one of the
-     * head's last rerank (its kept set is valid: not due otherwise). */
-    float *qref = keep && s->sel.qref && st->sim[b] > -1.0f
-                      ? s->sel.qref + b * st->D
-                      : NULL;
-    float *qm = sc.qc; /* scratch until the scoring */
-    if (qref && np) {
-        kvt__group_mean(qh, st->G, nn, (size_t)st->Hq * st->D, st->D, qm);
-        if (!due && !(kvt__cosine(qm, qref, st->D) >= st->sim[b])) {
-            due = true;
-            st->sim_rr[ih] = 1;
-        }
-    }
-    if (due && np) {
-        if (qref)
-            memcpy(qref, qm, (size_t)st->D * sizeof *qref);
-        kvt__sel_score(sel, p, s, layer, h, qh, nn, (size_t)st->Hq * st->D, np, &sc);
-        uint32_t nk = 0;
-        st->sel_cnt[ih] = kvt__sel_pick(np, tokens, st->P, k, sink, local, sc.vote, NULL, 0,
-                                        &sc, out, keep, &nk);
-        /* The score is the page's importance for the host cache's eviction
-         * (lib/tier): the last word the selector had on it. */
-        memcpy(s->tier.imp + b * s->cap_pages, sc.vote, (size_t)np * sizeof *sc.vote);
-        if (keep) {
-            s->sel.topk_n[b] = nk;
-            s->sel.topk_k[b] = k + 1u;
-        } else if (s->sel.topk) {
-            s->sel.topk_k[b] = 0; /* nothing kept: rerank next time */
-        }
-        st->sel_rr[ih] = 1;
-    } else if ((uint64_t)k + sink + local >= np) {
-        /* The budget covers every page (pages that filled since the last
-         * rerank included): all of them, as a rescore would choose. */
-        for (uint32_t j = 0; j < np; j++)
-            out[j] = j;
-        st->sel_cnt[ih] = np;
-    } else {
-        st->sel_cnt[ih] = kvt__sel_pick(np, tokens, st->P, k, sink, local, NULL, keep,
-                                        keep ? s->sel.topk_n[b] : 0, &sc, out, NULL, NULL);
-    }
-    for (uint32_t j = 0; j < st->sel_cnt[ih]; j++) /* recency, the eviction tie-break */
-        s->tier.use[b * s->cap_pages + out[j]] = p->clock;
-}
-
-/* Feeds the profiler the top-K part (the selection without the forced
- * sink, local and last pages) of every head reranked in `layer`, on the
- * calling thread, in (sequence, head) order. The plan reserved the
- * profiler's room, so nothing is allocated. */
-static int kvt__step_record(kvt_step *st, uint32_t layer)
-{
-    for (uint32_t i = 0; i < st->n; i++) {
-        const kvt__seq *s = st->seqs[i];
-        const uint32_t tokens = s->n_tokens[layer];
-        const uint32_t np = kvt__pages_for(st->pool, tokens);
-        for (uint32_t h = 0; h < st->H; h++) {
-            const size_t ih = (size_t)i * st->H + h, b = (size_t)layer * st->H + h;
-            if (!st->sel_rr[ih])
-                continue;
-            const uint32_t *sel = st->sel_pages + st->sel_off[ih];
-            uint32_t nk = 0;
-            const uint32_t local = kvt__step_local(st->local[b], tokens, st->nnew[i], st->P);
-            for (uint32_t j = 0; j < st->sel_cnt[ih]; j++)
-                if (!kvt__forced(sel[j], np, tokens, st->P, st->sink[b], local))
-                    st->rec[nk++] = sel[j];
-            /* Every forced page is selected: candidates = np - forced. */
-            const uint32_t n_cand = np - (st->sel_cnt[ih] - nk);
-            int rc = kvt__profiler_add(st->prof, st->ids[i], layer, h, st->rec, nk, n_cand);
-            if (rc) {
-                char why[256];
-                snprintf(why, sizeof why, "%s", kvt_last_error());
-                return kvt__err(KVT_EINTERNAL, "step: recording into the profiler failed: %s",
-                                why);
-            }
-        }
-    }
-    return 0;
-}
-
 /* After failed promotions of sequence i: the heads whose pages did not
  * arrive rescore at the next step (for warm-up's, which heads is not known:
  * all of them, and already in this step's later layers, whose reused
@@ -420,21 +281,6 @@ static void kvt__settle_orphans(kvt_step *st)
         }
 }
 
-/* The pool's counters of a layer's selection (kvt_stats.head_selections,
- * reranked_heads, similarity_reranks). */
-static void kvt__sel_count(kvt_step *st)
-{
-    if (st->flags & KVT_STEP_DENSE)
-        return;
-    kvt_pool *p = st->pool;
-    const size_t n = (size_t)st->n * st->H;
-    p->pst.sel_heads += n;
-    for (size_t ih = 0; ih < n; ih++) {
-        p->pst.reranked += st->sel_rr[ih];
-        p->pst.sim_reranked += st->sim_rr[ih];
-    }
-}
-
 int kvt__select(kvt_step *st, uint32_t layer, const float *q)
 {
     int rc = kvt__step_enter(st, layer);
@@ -456,7 +302,7 @@ int kvt__select(kvt_step *st, uint32_t layer, const float *q)
         memset(st->sim_rr, 0, (size_t)st->n * st->H); /* the interval alone there */
         rc = be->step_select(st, layer, q);
         if (!rc)
-            kvt__sel_count(st);
+            kvt__select_count(st);
         if (!rc && kvt__lower_on_host(st->pool)) {
             /* Lower tiers: the host places the pages, as on the CPU. */
             const uint32_t *sp = NULL;
@@ -491,12 +337,12 @@ int kvt__select(kvt_step *st, uint32_t layer, const float *q)
     st->layer = layer;
     st->q = q;
     st->sel_layer = KVT__NO_LAYER;
-    kvt__tp_run(&st->pool->tp, kvt__sel_task, st, st->n * st->H);
-    kvt__sel_count(st);
+    kvt__select_heads(st);
+    kvt__select_count(st);
     st->sel_layer = layer;
     if (st->prof && !dense && !st->recorded[layer]) {
         st->recorded[layer] = 1;
-        if ((rc = kvt__step_record(st, layer)))
+        if ((rc = kvt__select_record(st, layer)))
             return rc;
     }
     if (st->tiered)

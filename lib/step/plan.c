@@ -135,6 +135,9 @@ size_t kvt__step_carve(kvt_step *st, const kvt__step_sizes *z, void *base)
     KVT__TAKE(sel_cnt, z->nh);
     KVT__TAKE(sel_rr, z->nh);
     KVT__TAKE(sim_rr, z->nh);
+    KVT__TAKE(raw, z->raw);
+    KVT__TAKE(raw_off, z->raw ? z->nh : 0);
+    KVT__TAKE(stask, 3u * z->stask);
     KVT__TAKE(task0, z->nh);
     KVT__TAKE(ntask, z->nh);
     KVT__TAKE(pending, z->nh);
@@ -301,6 +304,11 @@ KVT_API int kvt_step_plan(kvt_pool *pool, const kvt_seq_id *seqs, uint32_t n_seq
     /* The selection cache decides on the host (CPU backend) only. */
     const float *host_sim = pool->be_caps & KVT__BE_NO_HOST_SELECT ? NULL : asim;
     uint64_t part_total = 0; /* floats of the decode tasks' partial results */
+    /* The score pass of a key-reading method (select.c): raw scores and
+     * chunk tasks of one-token sequences' heads. */
+    const bool keys = !dense && o.selector && o.selector->method >= KVT_SCORE_TOKEN &&
+                      !(pool->be_caps & KVT__BE_NO_HOST_SELECT);
+    uint64_t raw_total = 0, stask_total = 0;
     const size_t lpart = 2u + (size_t)D; /* per query row: m, l and the output row */
     for (uint32_t i = 0; i < n_seqs; i++) {
         kvt__seq *s = ss[i];
@@ -343,6 +351,10 @@ KVT_API int kvt_step_plan(kvt_pool *pool, const kvt_seq_id *seqs, uint32_t n_seq
             const uint32_t f = lnew - lmax < np ? lnew - lmax : np;
             for (size_t b = 0; b < (size_t)L * H; b++)
                 pm_total += kvt__stable(pool, b) ? f : 0u;
+        }
+        if (keys && nn == 1 && np > KVT__SCORE_CHUNK) {
+            raw_total += (uint64_t)H * G * np;
+            stask_total += (uint64_t)H * ((np + KVT__SCORE_CHUNK - 1) / KVT__SCORE_CHUNK);
         }
         const uint32_t b = dense ? np : kvt__sel_bound(np, kmax, smax, lnew);
         const uint32_t tp = kvt__task_pages(nn, G);
@@ -413,6 +425,8 @@ KVT_API int kvt_step_plan(kvt_pool *pool, const kvt_seq_id *seqs, uint32_t n_seq
         .pm = tiered ? pm_total : 0,
         .ev = tiered ? np_max : 0,
         .rows = o.token_ids ? (o.n_new ? o.n_rows : n_seqs) : 0,
+        .raw = raw_total,
+        .stask = stask_total,
     };
     kvt_step sizing;
     const size_t bytes = kvt__step_carve(&sizing, &z, NULL);
@@ -434,6 +448,8 @@ KVT_API int kvt_step_plan(kvt_pool *pool, const kvt_seq_id *seqs, uint32_t n_seq
         st->wksp_bytes = bytes;
     }
     kvt__step_carve(st, &z, st->wksp);
+    if (!z.raw)
+        st->raw = NULL; /* no score pass */
     st->cap_sel = (size_t)z.sel;
     st->cap_tasks = (size_t)z.tasks;
     st->cap_part = (size_t)z.part;

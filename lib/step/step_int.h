@@ -48,6 +48,12 @@ struct kvt_step {
     uint8_t *sel_rr;          /* [n * H] rescored */
     uint8_t *sim_rr;          /* [n * H] ... because its query drifted (the
                                  selection cache) */
+    /* The score pass of key-reading methods (select.c); raw NULL when the
+     * step has none: raw scores [G][np] of each head that rescores, at
+     * raw_off[ih], and its page-chunk tasks (head, first, end page). */
+    float *raw;               /* [cap_raw] */
+    uint64_t *raw_off;        /* [n * H] */
+    uint32_t *stask;          /* [3 * cap_stask] */
     uint32_t *task0, *ntask;  /* [n * H] decode tasks of each (seq, head) */
     _Atomic uint32_t *pending; /* [n * H] tasks left before the merge */
     size_t cap_sel;
@@ -93,6 +99,7 @@ typedef struct kvt__step_sizes {
     uint64_t n, nl, nh, nlh; /* sequences; x layers; x heads; x layers x heads */
     uint64_t sel, tasks, part, tmem, rec, pm, ev;
     uint64_t rows;           /* token ids (kvt_step_opts.token_ids) */
+    uint64_t raw, stask;     /* the score pass: raw floats, chunk tasks */
 } kvt__step_sizes;
 
 /* Points st's per-plan arrays into base (NULL: only sizes them); returns
@@ -102,6 +109,8 @@ KVT__HIDDEN size_t kvt__step_carve(kvt_step *st, const kvt__step_sizes *z, void 
 /* Pages per decode task. Fixed, so that the split (and the floating-point
  * merge order) depends on the selection only, never on the thread count. */
 #define KVT__CHUNK_PAGES 32u
+/* Pages per task of the score pass (select.c). */
+#define KVT__SCORE_CHUNK 64u
 #define KVT__NO_LAYER 0xffffffffu
 
 /* Pages per decode task of a sequence with n_new tokens of G query heads
@@ -160,6 +169,13 @@ KVT__HIDDEN int kvt__plan_token_ids(const kvt_step_opts *o, uint32_t n_seqs,
 /* At kvt_step_finish, once every layer is appended: records the rows' ids
  * (kvt_step_opts.token_ids) and keys the pages that can be (multi.c). */
 KVT__HIDDEN void kvt__step_token_ids(kvt_step *st);
+/* The host's selection of st->layer (select.c): which heads rescore, the
+ * score pass, the picks, into sel_pages / sel_cnt / sel_rr / sim_rr; */
+KVT__HIDDEN void kvt__select_heads(kvt_step *st);
+/* the profiler's records of the heads reranked in `layer`; */
+KVT__HIDDEN int kvt__select_record(kvt_step *st, uint32_t layer);
+/* the pool's counters (every backend). */
+KVT__HIDDEN void kvt__select_count(kvt_step *st);
 /* The selection of a layer (kvt_step_select's work). */
 KVT__HIDDEN int kvt__select(kvt_step *st, uint32_t layer, const float *q);
 
