@@ -117,7 +117,7 @@ static const char usage[] =
     "                       (default 16)\n"
     "  --rerank-sim X       the selection cache: rescore a head between its reranks\n"
     "                       when its query's cosine similarity to the last rerank's\n"
-    "                       falls below X (-1 = never; default 0.9)\n"
+    "                       falls below X (-1 = never; default 0.8)\n"
     "  --samples N          N samples of the prompt, forks sharing its pages (with --temp)\n"
     "  --chunk N            prefill through kvtier: dense steps of N new tokens each\n"
     "                       (default 512); 0 = the engine's own GEMM attention\n"

@@ -99,7 +99,7 @@ typedef struct kvt_selector_opts {
 /* The selection cache's default threshold (kvt_selector_opts and
  * kvt_policy_opts.rerank_similarity), chosen by measurement
  * (examples/bench/RESULTS.md, "Selection"). */
-#define KVT_RERANK_SIMILARITY_DEFAULT 0.9f
+#define KVT_RERANK_SIMILARITY_DEFAULT 0.8f
 
 #define KVT_SELECTOR_OPTS_INIT { (uint32_t)sizeof(kvt_selector_opts), 0u, 0u, 64u, 1u, 1u, 1u, 0.0f, KVT_RERANK_SIMILARITY_DEFAULT, 0u }
 KVT_API int kvt_selector_opts_init(kvt_selector_opts *opts);

@@ -355,7 +355,7 @@ pub struct kvt_selector_opts {
 
 /// The selection cache's default threshold (`kvt_selector_opts` and
 /// `kvt_policy_opts.rerank_similarity`).
-pub const KVT_RERANK_SIMILARITY_DEFAULT: f32 = 0.9;
+pub const KVT_RERANK_SIMILARITY_DEFAULT: f32 = 0.8;
 
 // ---- policy.h ---------------------------------------------------------------
 pub type kvt_head_class = u32;

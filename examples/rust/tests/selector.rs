@@ -217,7 +217,7 @@ fn drifted_queries_are_rescored() {
     assert_eq!(run(&mut pool, &sel, 1.0), HEADS, "the first step rescores every head");
     assert_eq!(run(&mut pool, &sel, 1.0), 0, "the same query: the cached selection");
     assert_eq!(pool.stats().unwrap().similarity_reranks, 0);
-    assert_eq!(run(&mut pool, &sel, -1.0), HEADS, "a reversed query (cosine -1 < 0.9)");
+    assert_eq!(run(&mut pool, &sel, -1.0), HEADS, "a reversed query (cosine -1 < 0.8)");
     let st = pool.stats().unwrap();
     assert_eq!(st.similarity_reranks, HEADS, "{st:?}");
     assert_eq!(st.reranked_heads, 2 * HEADS, "{st:?}");
