@@ -432,8 +432,11 @@ static void test_select_cache(void **state)
     so.rerank_similarity = 0.7f;
     kvt_selector *ks;
     TU_OK(kvt_selector_create(&g, &so, &ks));
-    /* One head without the cache: it never reranks after its first step. */
+    /* One head without the cache: it never reranks after its first step;
+     * nor does one whose budget covers every page (no kept set is reused,
+     * so its drift is not tested). */
     TU_OK(kvt_selector_rerank_similarity_set(ks, 1, 2, -1.0f));
+    TU_OK(kvt_selector_budget_set(ks, 0, 1, 64, 1, 1));
     /* Directions: 4 orthogonal-ish unit vectors per head (random, then the
      * test only uses the measured cosines). */
     static double dir[CL * CH][4][CD], ref[CL * CH][CD];
@@ -474,7 +477,7 @@ static void test_select_cache(void **state)
             TU_OK(kvt_step_select(st, l, q));
             for (uint32_t h = 0; h < CH; h++) {
                 const uint32_t b = l * CH + h;
-                const bool cache = b != 1 * CH + 2;
+                const bool cache = b != 1 * CH + 2 && b != 0 * CH + 1;
                 bool want = step == 0;
                 if (!want && cache) {
                     const double cs = cosine(mean[h], ref[b], CD);
@@ -494,6 +497,10 @@ static void test_select_cache(void **state)
                     want_rr++;
                 }
             }
+            /* A layer selected again in the step: the same decisions, and
+             * the counters count the layer once. */
+            if (step == CSTEPS - 1)
+                TU_OK(kvt_step_select(st, l, q));
         }
         TU_OK(kvt_step_finish(st));
     }

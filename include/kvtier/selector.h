@@ -26,7 +26,9 @@
  *                     address (as TOKEN) count as the MINMAX bound plus
  *                     ln(tokens) / c, an upper bound.
  * A page holding a NaN or infinite key scores +infinity with TOKEN and
- * ORACLE on the CPU backend, as an opened MINMAX box does.
+ * ORACLE on the CPU backend, as an opened MINMAX box does. kvt_seq_warmup,
+ * which scores every page once per observed query, scores TOKEN and ORACLE
+ * selectors by the MINMAX bound (SOFTVOTE for ORACLE).
  * The query heads of one KV head (a GQA group) vote:
  *   KVT_VOTE_SUM       sum of the heads' raw scores
  *   KVT_VOTE_MAX       maximum of the heads' raw scores

@@ -144,6 +144,7 @@ int kvt__policy_opts_get(kvt_policy_opts *o, const kvt_policy_opts *opts, const 
             return rc;
         if (opts->struct_size < offsetof(kvt_policy_opts, reserved))
             o->rerank_similarity = KVT_RERANK_SIMILARITY_DEFAULT; /* the first layout */
+        o->struct_size = (uint32_t)sizeof *o; /* the copy is this library's layout */
     } else {
         kvt_policy_opts_init(o);
     }

@@ -302,7 +302,7 @@ int kvt__select(kvt_step *st, uint32_t layer, const float *q)
         memset(st->sim_rr, 0, (size_t)st->n * st->H); /* the interval alone there */
         rc = be->step_select(st, layer, q);
         if (!rc)
-            kvt__select_count(st);
+            kvt__select_count(st, layer);
         if (!rc && kvt__lower_on_host(st->pool)) {
             /* Lower tiers: the host places the pages, as on the CPU. */
             const uint32_t *sp = NULL;
@@ -338,7 +338,7 @@ int kvt__select(kvt_step *st, uint32_t layer, const float *q)
     st->q = q;
     st->sel_layer = KVT__NO_LAYER;
     kvt__select_heads(st);
-    kvt__select_count(st);
+    kvt__select_count(st, layer);
     st->sel_layer = layer;
     if (st->prof && !dense && !st->recorded[layer]) {
         st->recorded[layer] = 1;

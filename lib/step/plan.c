@@ -38,6 +38,7 @@ void kvt__step_free(struct kvt_step *st)
     free(st->wksp);
     free(st->appended);
     free(st->recorded);
+    free(st->counted);
     free(st);
 }
 
@@ -55,8 +56,9 @@ static int kvt__step_next(kvt_pool *pool, kvt_step **out)
             st->pool = pool;
             st->appended = calloc(pool->g.n_layers, 1);
             st->recorded = calloc(pool->g.n_layers, 1);
+            st->counted = calloc(pool->g.n_layers, 1);
         }
-        if (!st || !st->appended || !st->recorded) {
+        if (!st || !st->appended || !st->recorded || !st->counted) {
             kvt__step_free(st);
             return kvt__err(KVT_ENOMEM, "kvt_step_plan: cannot allocate the step");
         }
@@ -465,6 +467,7 @@ KVT_API int kvt_step_plan(kvt_pool *pool, const kvt_seq_id *seqs, uint32_t n_seq
     st->sim = asim;
     st->prof = prof;
     memset(st->recorded, 0, L);
+    memset(st->counted, 0, L);
     st->flags = o.flags;
     st->scale = o.scale > 0.0f ? o.scale : 1.0f / sqrtf((float)D);
     st->n = n_seqs;

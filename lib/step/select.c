@@ -83,13 +83,20 @@ static void kvt__decide_task(void *ctx, uint32_t ih, uint32_t thread)
     if (!np)
         return;
     bool due = st->due[(size_t)i * st->L * st->H + b] != 0;
-    float *qref = kvt__keep(s, b, st->k[b], np) && s->sel.qref && st->sim[b] > -1.0f
-                      ? s->sel.qref + b * st->D
-                      : NULL;
-    if (qref) {
+    /* The reference follows every rescore of a head with a kept set, cache
+     * on or off (a later plan may turn it on). */
+    float *qref = kvt__keep(s, b, st->k[b], np) && s->sel.qref ? s->sel.qref + b * st->D
+                                                                 : NULL;
+    /* Drift matters only where the kept set is reused: not when the budget
+     * covers every page (the pick takes them all without scores). */
+    const bool test = qref && !due && st->sim[b] > -1.0f &&
+                      (uint64_t)st->k[b] + st->sink[b] +
+                              kvt__step_local(st->local[b], s->n_tokens[layer], nn, st->P) <
+                          np;
+    if (test || (qref && due)) {
         float *qm = (float *)(void *)(st->tmem + (size_t)thread * st->tstride);
         kvt__group_mean(kvt__qrows(st, i, h), st->G, nn, (size_t)st->Hq * st->D, st->D, qm);
-        if (!due && !(kvt__cosine(qm, qref, st->D) >= st->sim[b])) {
+        if (test && !(kvt__cosine(qm, qref, st->D) >= st->sim[b])) {
             due = true;
             st->sim_rr[ih] = 1;
         }
@@ -242,10 +249,12 @@ int kvt__select_record(kvt_step *st, uint32_t layer)
     return 0;
 }
 
-void kvt__select_count(kvt_step *st)
+void kvt__select_count(kvt_step *st, uint32_t layer)
 {
-    if (st->flags & KVT_STEP_DENSE)
+    /* A layer selected again in the step counts once: its first selection. */
+    if ((st->flags & KVT_STEP_DENSE) || st->counted[layer])
         return;
+    st->counted[layer] = 1;
     kvt_pool *p = st->pool;
     const size_t n = (size_t)st->n * st->H;
     p->pst.sel_heads += n;

@@ -15,6 +15,7 @@ struct kvt_step {
     const float *sim;         /* [L * H] the selection cache's thresholds */
     kvt_profiler *prof;       /* records the top-K sets of reranked heads */
     uint8_t *recorded;        /* [L] layer already recorded in this step */
+    uint8_t *counted;         /* [L] layer already in the pool's counters */
     /* The per-plan arrays below (those with a size in brackets) are carved
      * from one allocation, wksp (plan.c, kvt__step_carve). */
     void *wksp;
@@ -174,8 +175,8 @@ KVT__HIDDEN void kvt__step_token_ids(kvt_step *st);
 KVT__HIDDEN void kvt__select_heads(kvt_step *st);
 /* the profiler's records of the heads reranked in `layer`; */
 KVT__HIDDEN int kvt__select_record(kvt_step *st, uint32_t layer);
-/* the pool's counters (every backend). */
-KVT__HIDDEN void kvt__select_count(kvt_step *st);
+/* the pool's counters (every backend), once per layer and step. */
+KVT__HIDDEN void kvt__select_count(kvt_step *st, uint32_t layer);
 /* The selection of a layer (kvt_step_select's work). */
 KVT__HIDDEN int kvt__select(kvt_step *st, uint32_t layer, const float *q);
 

@@ -477,6 +477,15 @@ int kvt__place_warmup(kvt_pool *pool, kvt__seq *s, kvt_seq_id seq, const float *
     if (pool->be->warm_imp) {
         rc = pool->be->warm_imp(pool, s, obs_queries, n_obs, imp_all, np_max);
     } else {
+        /* Key-reading scores (TOKEN, ORACLE) would read every stable head's
+         * keys once per observed query: the warm-up scores by their MINMAX
+         * bound instead (SOFTVOTE for the oracle), as the CUDA warm-up. */
+        kvt_selector wsel = *pool->sel;
+        if (wsel.method >= KVT_SCORE_TOKEN) {
+            if (wsel.method == KVT_SCORE_ORACLE)
+                wsel.vote = KVT_VOTE_SOFTVOTE;
+            wsel.method = KVT_SCORE_MINMAX;
+        }
         for (uint32_t l = 0; l < L; l++) {
             const uint32_t np = kvt__pages_for(pool, s->n_tokens[l]);
             for (uint32_t h = 0; h < H && np; h++) {
@@ -487,7 +496,7 @@ int kvt__place_warmup(kvt_pool *pool, kvt__seq *s, kvt_seq_id seq, const float *
                 memset(imp, 0, (size_t)np * sizeof *imp);
                 for (uint32_t o = 0; o < n_obs; o++) {
                     const float *q = obs_queries + (((size_t)l * n_obs + o) * Hq + (size_t)h * G) * D;
-                    kvt__sel_score(pool->sel, pool, s, l, h, q, 1, 0, np, &sc);
+                    kvt__sel_score(&wsel, pool, s, l, h, q, 1, 0, np, &sc);
                     for (uint32_t j = 0; j < np; j++)
                         imp[j] += sc.vote[j];
                 }
