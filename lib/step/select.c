@@ -193,7 +193,13 @@ void kvt__select_heads(kvt_step *st)
         kvt__tp_run(&st->pool->tp, kvt__pick_task, st, nh);
         return;
     }
-    kvt__tp_run(&st->pool->tp, kvt__decide_task, st, nh);
+    /* A mean and a dot product per head: a few heads are decided here,
+     * without waking the workers for them. */
+    if ((uint64_t)nh * st->G * st->D <= 65536u)
+        for (uint32_t ih = 0; ih < nh; ih++)
+            kvt__decide_task(st, ih, 0);
+    else
+        kvt__tp_run(&st->pool->tp, kvt__decide_task, st, nh);
     if (st->raw) {
         uint64_t off = 0;
         uint32_t nt = 0;
