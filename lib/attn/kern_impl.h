@@ -381,6 +381,14 @@ KVT__INLINE void kvt__widen(kvt_dtype dt, const uint8_t *src, float *dst, uint32
 }
 
 /* ---- attention over a run of pages ---------------------------------------- */
+/* Block i + 1 when it does not follow block i in memory (bytes apart): the
+ * jump the hardware prefetchers cannot see; NULL otherwise. */
+KVT__INLINE const uint8_t *kvt__jump(const uint8_t *const *blocks, uint32_t i, uint32_t n,
+                                     size_t bytes)
+{
+    return i + 1 < n && blocks[i + 1] != blocks[i] + bytes ? blocks[i + 1] : NULL;
+}
+
 KVT__INLINE void kvt__attn_dt(kvt_dtype dt, const kvt__attn_shape *sh, const float *q,
                               const uint8_t *const *blocks, const uint32_t *ntok,
                               const uint32_t *pos, const uint32_t *lim, uint32_t n, float *m,
@@ -400,9 +408,7 @@ KVT__INLINE void kvt__attn_dt(kvt_dtype dt, const kvt__attn_shape *sh, const flo
          * prefetchers; software prefetching it only costs (measured). A
          * jump to a block elsewhere is requested ahead: its K rows before
          * this block's K pass, its V rows before the V pass. */
-        const uint8_t *nb = i + 1 < n && blocks[i + 1] != K + 2 * (size_t)P * row
-                                ? blocks[i + 1]
-                                : NULL;
+        const uint8_t *nb = kvt__jump(blocks, i, n, 2 * (size_t)P * row);
         if (nb)
             for (size_t off = 0; off < (size_t)P * row; off += 64)
                 __builtin_prefetch(nb + off, 0, 3);
@@ -505,9 +511,7 @@ KVT__INLINE void kvt__tscore_dt(kvt_dtype dt, const kvt__attn_shape *sh, const f
         const uint8_t *K = blocks[i];
         const uint32_t nt = ntok[i];
         /* The next page's keys, when they do not follow these, into L2. */
-        const uint8_t *nb = i + 1 < n && blocks[i + 1] != K + 2 * (size_t)P * row
-                                ? blocks[i + 1]
-                                : NULL;
+        const uint8_t *nb = kvt__jump(blocks, i, n, 2 * (size_t)P * row);
         if (nb)
             for (size_t off = 0; off < (size_t)P * row; off += 64)
                 __builtin_prefetch(nb + off, 0, 1);

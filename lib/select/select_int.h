@@ -47,6 +47,11 @@ KVT__HIDDEN void kvt__sel_raw(const kvt_selector *sel, const kvt_pool *p, const 
                               uint32_t pg1, uint32_t np, float *S, kvt__sel_scratch *sc);
 KVT__HIDDEN void kvt__sel_vote(const kvt_selector *sel, const kvt_pool *p, float *S, uint32_t G,
                                uint32_t np, float *v);
+/* out[D] = the mean of the nn x G query rows of one (sequence, KV head),
+ * token j's G rows at q + j * qstride: the query the selection cache
+ * compares (lib/step/select.c, the warm-up's reference). */
+KVT__HIDDEN void kvt__sel_qmean(const float *q, uint32_t G, uint32_t nn, size_t qstride,
+                                uint32_t D, float *out);
 /* Voted scores of the np pages of (s, layer, head) into sc->vote: every
  * query head of nq tokens votes (token j's G heads at q + j * qstride; the
  * scratch carved for nq x G rows). */

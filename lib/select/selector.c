@@ -420,6 +420,21 @@ void kvt__sel_vote(const kvt_selector *sel, const kvt_pool *p, float *S, uint32_
             v[i] = INFINITY;
 }
 
+void kvt__sel_qmean(const float *q, uint32_t G, uint32_t nn, size_t qstride, uint32_t D,
+                    float *out)
+{
+    memset(out, 0, (size_t)D * sizeof *out);
+    for (uint32_t j = 0; j < nn; j++)
+        for (uint32_t g = 0; g < G; g++) {
+            const float *r = q + j * qstride + (size_t)g * D;
+            for (uint32_t d = 0; d < D; d++)
+                out[d] += r[d];
+        }
+    const float inv = 1.0f / (float)(G * nn);
+    for (uint32_t d = 0; d < D; d++)
+        out[d] *= inv;
+}
+
 /* ---- the selection rule ----------------------------------------------- */
 /* a ranks before b: higher vote, then lower index. */
 static inline bool kvt__before(const float *v, uint32_t a, uint32_t b)

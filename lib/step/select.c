@@ -22,23 +22,6 @@
 #include "../policy/policy_int.h"
 #include "step_int.h"
 
-/* out[D] = the mean of the nn x G query rows of one (sequence, KV head):
- * token j's G rows start at q + j * qstride. */
-static void kvt__group_mean(const float *q, uint32_t G, uint32_t nn, size_t qstride,
-                            uint32_t D, float *out)
-{
-    memset(out, 0, (size_t)D * sizeof *out);
-    for (uint32_t j = 0; j < nn; j++)
-        for (uint32_t g = 0; g < G; g++) {
-            const float *r = q + j * qstride + (size_t)g * D;
-            for (uint32_t d = 0; d < D; d++)
-                out[d] += r[d];
-        }
-    const float inv = 1.0f / (float)(G * nn);
-    for (uint32_t d = 0; d < D; d++)
-        out[d] *= inv;
-}
-
 /* cos(a, b) (double sums); 1 when both are zero, 0 when one is; NaN with a
  * non-finite element (the caller reranks on anything but >= threshold). */
 static float kvt__cosine(const float *a, const float *b, uint32_t D)
@@ -95,7 +78,7 @@ static void kvt__decide_task(void *ctx, uint32_t ih, uint32_t thread)
                           np;
     if (test || (qref && due)) {
         float *qm = (float *)(void *)(st->tmem + (size_t)thread * st->tstride);
-        kvt__group_mean(kvt__qrows(st, i, h), st->G, nn, (size_t)st->Hq * st->D, st->D, qm);
+        kvt__sel_qmean(kvt__qrows(st, i, h), st->G, nn, (size_t)st->Hq * st->D, st->D, qm);
         if (test && !(kvt__cosine(qm, qref, st->D) >= st->sim[b])) {
             due = true;
             st->sim_rr[ih] = 1;

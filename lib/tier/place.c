@@ -558,15 +558,9 @@ int kvt__place_warmup(kvt_pool *pool, kvt__seq *s, kvt_seq_id seq, const float *
                     /* The selection cache's reference: the group mean of
                      * the last observed query, the one next to the first
                      * step's. */
-                    float *qr = s->sel.qref + lh * D;
-                    const float *qo = obs_queries +
-                                      (((size_t)l * n_obs + n_obs - 1u) * Hq + (size_t)h * G) * D;
-                    for (uint32_t d = 0; d < D; d++) {
-                        float sum = 0.0f;
-                        for (uint32_t g = 0; g < G; g++)
-                            sum += qo[(size_t)g * D + d];
-                        qr[d] = sum / (float)G;
-                    }
+                    kvt__sel_qmean(obs_queries + (((size_t)l * n_obs + n_obs - 1u) * Hq +
+                                                  (size_t)h * G) * D,
+                                   G, 1, 0, D, s->sel.qref + lh * D);
                 }
             }
         }
