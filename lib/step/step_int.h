@@ -108,8 +108,10 @@ typedef struct kvt__step_sizes {
 KVT__HIDDEN size_t kvt__step_carve(kvt_step *st, const kvt__step_sizes *z, void *base);
 
 /* Pages per decode task. Fixed, so that the split (and the floating-point
- * merge order) depends on the selection only, never on the thread count. */
-#define KVT__CHUNK_PAGES 32u
+ * merge order) depends on the selection only, never on the thread count.
+ * 128 (2 MiB of f16 K/V at D 128, P 16): fewer tasks to start and merge
+ * than 32 (dense decode ~7% faster, measured). */
+#define KVT__CHUNK_PAGES 128u
 /* Pages per task of the score pass (select.c). */
 #define KVT__SCORE_CHUNK 64u
 #define KVT__NO_LAYER 0xffffffffu
