@@ -32,6 +32,7 @@
  * decode's time per layer by a quarter). */
 #define KVT__PF_LOC 1
 #define KVT__PF_DIST 2u   /* blocks ahead (attention, token scores) */
+#define KVT__SCORE_PF 16u /* metadata slots ahead (bound scores) */
 KVT__INLINE void kvt__pf(const uint8_t *p, size_t bytes)
 {
     for (size_t off = 0; off < bytes; off += 64)
@@ -650,8 +651,18 @@ KVT__INLINE void kvt__score_dt(kvt_dtype dt, uint32_t method, const kvt__attn_sh
 {
     const uint32_t G = sh->G, D = sh->D;
     const size_t row = (size_t)D * (dt == KVT_DTYPE_F32 ? 4u : 2u);
+    /* The rows the method reads: min and max, or the mean. */
+    const size_t pf_off = method == KVT_SCORE_MINMAX ? 0 : 2 * row;
+    const size_t pf_len = method == KVT_SCORE_MINMAX ? 2 * row : row;
+    /* Slots are scattered over the store: the pages KVT__SCORE_PF ahead
+     * are requested into L2 while these are scored (a cold slot costs
+     * about twice a warm one's time otherwise). */
+    for (uint32_t j = 0; j < KVT__SCORE_PF && j < n; j++)
+        kvt__pf(meta_base + (size_t)slots[j] * meta_bytes + pf_off, pf_len);
     for (uint32_t i = 0; i < n; i += NBP) {
         const uint32_t nb = kvt__min_u32(NBP, n - i);
+        for (uint32_t j = i + KVT__SCORE_PF; j < i + KVT__SCORE_PF + nb && j < n; j++)
+            kvt__pf(meta_base + (size_t)slots[j] * meta_bytes + pf_off, pf_len);
         const uint8_t *mb[NBP];
         for (uint32_t j = 0; j < NBP; j++)
             mb[j] = meta_base + (size_t)slots[j < nb ? i + j : i] * meta_bytes;
