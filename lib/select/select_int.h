@@ -15,13 +15,13 @@ struct kvt_selector {
     float *sim; /* [L * H] the selection cache's thresholds (-1 = off) */
 };
 
-/* Scratch of one selection: G * np + np floats, np uint32 and np bytes,
+/* Scratch of one selection: G * np + np floats, np uint64 keys and np bytes,
  * 3 * G * D floats of query rows, and for the key-reading methods (TOKEN,
  * ORACLE) np block pointers and token counts and the kernel's scratch. */
 typedef struct kvt__sel_scratch {
     float *S;       /* [G][np] raw scores */
     float *vote;    /* [np] */
-    uint32_t *idx;  /* [np] */
+    uint64_t *key;  /* [np] the picks' (vote, page) keys */
     uint8_t *mark;  /* [np] */
     float *qa, *qb; /* [G][D] each */
     float *qc;      /* [G][D] the query rows, contiguous (TOKEN, ORACLE) */

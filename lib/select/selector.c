@@ -237,8 +237,9 @@ int kvt__selector_match(const kvt_selector *sel, const kvt_pool *p)
 /* ---- scoring ------------------------------------------------------------ */
 size_t kvt__sel_scratch_bytes(uint32_t G, uint32_t D, uint32_t np)
 {
-    size_t n = (size_t)np * sizeof(void *) + ((size_t)G * np + np) * sizeof(float) +
-               (size_t)np * sizeof(uint32_t) * 2u + 3u * (size_t)G * D * sizeof(float) +
+    size_t n = (size_t)np * sizeof(void *) + (size_t)np * sizeof(uint64_t) +
+               ((size_t)G * np + np) * sizeof(float) + (size_t)np * sizeof(uint32_t) +
+               3u * (size_t)G * D * sizeof(float) +
                KVT__TS_SCRATCH(G) * sizeof(float) + np;
     return (n + 63u) & ~(size_t)63u;
 }
@@ -249,6 +250,8 @@ void kvt__sel_scratch_carve(kvt__sel_scratch *sc, void *mem, uint32_t G, uint32_
     uint8_t *b = mem;
     sc->blk = (const uint8_t **)(void *)b; /* first: pointer-aligned */
     b += (size_t)np * sizeof(void *);
+    sc->key = (uint64_t *)(void *)b;
+    b += (size_t)np * sizeof(uint64_t);
     sc->qa = (float *)(void *)b;
     b += (size_t)G * D * sizeof(float);
     sc->qb = (float *)(void *)b;
@@ -261,8 +264,6 @@ void kvt__sel_scratch_carve(kvt__sel_scratch *sc, void *mem, uint32_t G, uint32_
     b += (size_t)G * np * sizeof(float);
     sc->vote = (float *)(void *)b;
     b += (size_t)np * sizeof(float);
-    sc->idx = (uint32_t *)(void *)b;
-    b += (size_t)np * sizeof(uint32_t);
     sc->ntok = (uint32_t *)(void *)b;
     b += (size_t)np * sizeof(uint32_t);
     sc->mark = b;
@@ -436,46 +437,45 @@ void kvt__sel_qmean(const float *q, uint32_t G, uint32_t nn, size_t qstride, uin
 }
 
 /* ---- the selection rule ----------------------------------------------- */
-/* a ranks before b: higher vote, then lower index. */
-static inline bool kvt__before(const float *v, uint32_t a, uint32_t b)
+/* Page i's key: larger ranks first (higher vote, then lower index). The
+ * vote's bits, made monotonic as an unsigned integer (votes are never NaN;
+ * -0 is +0 first, as the comparison v[a] > v[b] sees them), above the
+ * complement of the index: one integer compare per step of the selection,
+ * no lookup of the vote through an index. */
+static inline uint64_t kvt__vkey(float v, uint32_t i)
 {
-    return v[a] > v[b] || (v[a] == v[b] && a < b);
+    v += 0.0f;
+    uint32_t u;
+    memcpy(&u, &v, sizeof u);
+    u = (u & 0x80000000u) ? ~u : u | 0x80000000u;
+    return (uint64_t)u << 32 | (uint32_t)~i;
 }
 
-/* Moves the k best of idx[0..n) (by kvt__before) to idx[0..k). */
-static void kvt__topk_select(const float *v, uint32_t *idx, uint32_t n, uint32_t k)
+/* Moves the k largest of the distinct keys x[0..n) to x[0..k) (0 < k < n):
+ * quickselect with a median-of-three pivot. */
+static void kvt__topk_select(uint64_t *x, uint32_t n, uint32_t k)
 {
-    uint32_t lo = 0, hi = n; /* the k-th best lies in idx[lo..hi) */
-    while (hi - lo > 1) {
-        /* Median of three as the pivot. */
-        uint32_t a = idx[lo], b = idx[lo + (hi - lo) / 2], c = idx[hi - 1], piv;
-        if (kvt__before(v, a, b))
-            piv = kvt__before(v, b, c) ? b : (kvt__before(v, a, c) ? c : a);
-        else
-            piv = kvt__before(v, a, c) ? a : (kvt__before(v, b, c) ? c : b);
-        /* Three-way partition: [lo, i) before piv, [i, j) == piv, [j, hi) after. */
-        uint32_t i = lo, j = lo, e = hi;
-        while (j < e) {
-            uint32_t x = idx[j];
-            if (x == piv) {
-                j++;
-            } else if (kvt__before(v, x, piv)) {
-                idx[j] = idx[i];
-                idx[i] = x;
+    uint32_t lo = 0, hi = n - 1; /* the k-th largest lies in x[lo..hi] */
+    const uint32_t t = k - 1;
+    while (lo < hi) {
+        uint64_t a = x[lo], b = x[lo + (hi - lo) / 2], c = x[hi];
+        const uint64_t piv = a < b ? (b < c ? b : a < c ? c : a) : (a < c ? a : b < c ? c : b);
+        uint32_t i = lo, j = hi;
+        for (;;) { /* Hoare: [lo, j] >= piv >= [j + 1, hi] */
+            while (x[i] > piv)
                 i++;
-                j++;
-            } else {
-                e--;
-                idx[j] = idx[e];
-                idx[e] = x;
-            }
+            while (x[j] < piv)
+                j--;
+            if (i >= j)
+                break;
+            const uint64_t tmp = x[i];
+            x[i++] = x[j];
+            x[j--] = tmp;
         }
-        if (k <= i)
-            hi = i;
-        else if (k <= j)
-            return;
+        if (t <= j)
+            hi = j;
         else
-            lo = j;
+            lo = j + 1;
     }
 }
 
@@ -497,12 +497,12 @@ uint32_t kvt__sel_pick(uint32_t np, uint32_t tokens, uint32_t P, uint32_t k, uin
         uint32_t nc = 0;
         for (uint32_t i = 0; i < np; i++)
             if (!mark[i])
-                sc->idx[nc++] = i;
+                sc->key[nc++] = kvt__vkey(vote[i], i);
         uint32_t take = k < nc ? k : nc;
-        if (take < nc)
-            kvt__topk_select(vote, sc->idx, nc, take);
+        if (take && take < nc)
+            kvt__topk_select(sc->key, nc, take);
         for (uint32_t i = 0; i < take; i++)
-            mark[sc->idx[i]] = 2;
+            mark[~(uint32_t)sc->key[i]] = 2;
         nt = take;
     } else {
         for (uint32_t i = 0; i < n_reuse; i++)
