@@ -56,7 +56,11 @@ KVT_DEV void kvt_ap_segment(const kvt__cu_append_args &a, const kvt__cu_append_i
     const uint32_t t1 = (uint32_t)kvt_umin64(it.n_tokens, (uint64_t)(seg + 1) * P - off);
     const uint64_t entry = it.table_off + it.first_pos / P + seg;
     uint8_t *blk = a.d_dev_base + (uint64_t)a.d_dev_table[entry] * a.block_bytes;
-    uint8_t *meta = a.d_meta_base + (uint64_t)a.d_meta_table[entry] * a.meta_bytes;
+    // The slot's rows in the store's two planes: min and max side by side in
+    // plane 1, the mean in plane 2 (kvt_cuda.h).
+    const uint64_t row = (uint64_t)D * kvt_dtype_bytes(a.dtype), slot_m = a.d_meta_table[entry];
+    uint8_t *mm = a.d_meta_base + slot_m * 2u * row;
+    uint8_t *mean = a.d_meta_base + (uint64_t)a.meta_slots * 2u * row + slot_m * row;
     float *acc = a.d_acc + it.acc_off;
     const uint32_t slot0 = (it.first_pos + t0) % P;
     const bool resume = slot0 != 0; // the page was opened by an earlier append
@@ -83,9 +87,9 @@ KVT_DEV void kvt_ap_segment(const kvt__cu_append_args &a, const kvt__cu_append_i
             sum = kvt_add_rn(sum, x);
         }
         const uint32_t count = slot0 + (t1 - t0);
-        kvt_store(meta, d, a.dtype, mn, KVT_RD);
-        kvt_store(meta, (uint64_t)D + d, a.dtype, mx, KVT_RU);
-        kvt_store(meta, 2ull * D + d, a.dtype, kvt_ap_div(sum, (float)count), KVT_RN);
+        kvt_store(mm, d, a.dtype, mn, KVT_RD);
+        kvt_store(mm, (uint64_t)D + d, a.dtype, mx, KVT_RU);
+        kvt_store(mean, d, a.dtype, kvt_ap_div(sum, (float)count), KVT_RN);
         if (seg == nseg - 1) { // the page left open for the next append
             acc[d] = mn;
             acc[D + d] = mx;
@@ -149,10 +153,15 @@ int kvt__cu_append(const kvt__cu_append_args *a, void *stream)
         return kvt__err(KVT_EINVAL, "a->block_bytes: %llu is below 2 * P * D * %llu = %llu",
                         (unsigned long long)a->block_bytes, (unsigned long long)elem,
                         (unsigned long long)(2ull * a->P * a->D * elem));
-    if (a->meta_bytes < 3ull * a->D * elem)
-        return kvt__err(KVT_EINVAL, "a->meta_bytes: %llu is below 3 * D * %llu = %llu",
+    // The store's two planes have no room for padding: rows are D * elem
+    // bytes apart (kvt_cuda.h).
+    if (a->meta_bytes != 3ull * a->D * elem)
+        return kvt__err(KVT_EINVAL, "a->meta_bytes: %llu is not 3 * D * %llu = %llu",
                         (unsigned long long)a->meta_bytes, (unsigned long long)elem,
                         (unsigned long long)(3ull * a->D * elem));
+    if (a->meta_slots == 0)
+        return kvt__err(KVT_EINVAL, "a->meta_slots: must not be 0 (the slots of the metadata "
+                        "store)");
     if (a->n_items == 0)
         return 0;
     static const char *const names[] = {"a->d_items",    "a->d_k",         "a->d_v",

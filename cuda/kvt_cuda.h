@@ -14,8 +14,16 @@
  * memory too. Data layouts are the CPU backend's, byte for byte:
  *  - a block holds page_tokens K rows then page_tokens V rows, each row
  *    head_dim elements of the pool dtype (block_bytes = 2 * P * D * elem);
- *  - a metadata slot holds three rows of head_dim elements of the pool dtype:
- *    min (rounded toward -inf), max (toward +inf), mean (to nearest);
+ *  - a page's metadata is three rows of head_dim elements of the pool dtype
+ *    (row = D * elem bytes): min (rounded toward -inf), max (toward +inf),
+ *    mean (to nearest). The metadata store of n = meta_slots slots
+ *    (n * meta_bytes bytes, meta_bytes = 3 * row) is two planes, as
+ *    lib/core/store.h's kvt__meta_mm / kvt__meta_mean: plane 1 at d_meta_base
+ *    holds [n][min row, max row] (slot s's min row at d_meta_base + s * 2 *
+ *    row, its max row right after), plane 2 at d_meta_base + n * 2 * row
+ *    holds [n][mean row] (slot s's at + s * row). A MINMAX scorer reads only
+ *    plane 1, a MEAN scorer only plane 2. Slot 0 is the null slot (zero
+ *    in both planes);
  *  - the f32 accumulators of a (sequence, layer, head)'s open page are
  *    [3][D] = running min, max and sum of the keys appended to it.
  * The CPU backend (lib/) is the reference every kernel is tested against
@@ -127,8 +135,9 @@ typedef struct kvt__cu_append_args {
     const uint32_t *d_dev_table, *d_meta_table;
     uint8_t *d_dev_base;  /* device arena (block 0 = null block) */
     uint64_t block_bytes;
-    uint8_t *d_meta_base; /* metadata store */
-    uint64_t meta_bytes;  /* bytes of one slot: 3 * D * elem */
+    uint8_t *d_meta_base; /* metadata store (two planes, above) */
+    uint64_t meta_bytes;  /* one slot's three rows in total: exactly 3 * D * elem */
+    uint32_t meta_slots;  /* slots in the store (n above; sets plane 2's offset), > 0 */
     float *d_acc;
     uint32_t max_tokens;  /* hint: >= most items' n_tokens; sizes the grid
                              (0 or 1 = one thread block per item, right for
@@ -143,8 +152,11 @@ KVT__HIDDEN int kvt__cu_append(const kvt__cu_append_args *a, void *stream);
  * (= qa.kmax + qb.kmin with qa = max(q,0), qb = min(q,0)); MEAN q.kmean.
  * The group's vote (SUM, MAX, SOFTVOTE with vote_scale; NaN rules of
  * lib/select/selector.c) goes to d_vote[vote_off + i]. G is 1..256, D a
- * multiple of 8 in 8..1024; d_meta_base and meta_bytes are multiples of 16
- * (rows are read 16 bytes at a time). Non-finite votes (+inf for a NaN or
+ * multiple of 8 in 8..1024; d_meta_base is 16-byte aligned, meta_bytes is
+ * exactly 3 * D * elem and meta_slots > 0 (the store's two planes, above:
+ * every row then starts 16-byte aligned, D * elem being a multiple of 16,
+ * and rows are read 16 bytes at a time). MINMAX reads plane 1 only, MEAN
+ * plane 2 only. Non-finite votes (+inf for a NaN or
  * +inf score, -inf) are the CPU's exactly; finite ones differ from it only
  * by f32 summation order (tests/gpu: 1e-5 of the magnitude sum). SUM and
  * MAX spread an item's pages over blockIdx.y (max_pages only sizes that
@@ -196,8 +208,9 @@ typedef struct kvt__cu_score_args {
                            workspace; a hint) */
     const float *d_q;
     const uint32_t *d_meta_table;
-    const uint8_t *d_meta_base;
-    uint64_t meta_bytes;
+    const uint8_t *d_meta_base; /* metadata store (two planes, above) */
+    uint64_t meta_bytes;        /* one slot's three rows in total: 3 * D * elem */
+    uint32_t meta_slots;        /* slots in the store (sets plane 2's offset), > 0 */
     float *d_vote;
 } kvt__cu_score_args;
 
@@ -492,7 +505,9 @@ KVT__HIDDEN int kvt__cu_sel_finish(const kvt__cu_sf_args *a, void *stream);
  * +inf). d_q holds the prepared query rows [n_heads][n_obs * G][W]: for
  * MINMAX W = 2D, row = [qa | qb] (qa = q > 0 ? q : 0, qb = q < 0 ? q : 0);
  * for MEAN W = D, row = q. Page j's metadata slot is d_slots[h * n_pages +
- * j]. The raw scores are one strided batched SGEMM over the heads: cuBLAS's
+ * j], in the two-plane store above (meta_bytes exactly 3 * D * elem,
+ * meta_slots > 0; MINMAX gathers from plane 1 only, MEAN from plane 2
+ * only). The raw scores are one strided batched SGEMM over the heads: cuBLAS's
  * when `blas` is a handle from kvt__cu_blas_create (on the same stream),
  * else a tiled kernel. Results equal the CPU's up to the summation order
  * of each dot product (exact when every product and partial sum is). The
@@ -505,8 +520,9 @@ typedef struct kvt__cu_warm_args {
     uint32_t method, vote; /* KVT_SCORE_*, KVT_VOTE_* */
     float vote_scale;
     const uint32_t *d_slots;
-    const uint8_t *d_meta_base;
-    uint64_t meta_bytes;
+    const uint8_t *d_meta_base; /* metadata store (two planes, above) */
+    uint64_t meta_bytes;        /* one slot's three rows in total: 3 * D * elem */
+    uint32_t meta_slots;        /* slots in the store (sets plane 2's offset), > 0 */
     const float *d_q;
     float *d_imp;
     void *d_work;

@@ -83,8 +83,30 @@ KVT_DEV void kvt_sc_ld8(const float *p, float (&x)[8])
     x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
 }
 
-// This lane's share of the raw scores of one page (metadata slot m) for
-// heads g0 .. g0 + gn - 1. MINMAX: qa.kmax + qb.kmin with qa = max(q, 0),
+// Bytes of one metadata row (16-byte multiple: D is a multiple of 8).
+template <uint32_t DT> KVT_DEV uint64_t kvt_sc_row(uint32_t D)
+{
+    return (uint64_t)D * (DT == KVT_DTYPE_F32 ? 4u : 2u);
+}
+
+// A slot's rows in the store's two planes (kvt_cuda.h): plane 1 holds its
+// min row with the max row right after, plane 2 (after all n slots' min and
+// max rows) its mean row. Both 16-byte aligned (d_meta_base is).
+template <uint32_t DT>
+KVT_DEV const uint8_t *kvt_sc_meta_mm(const kvt__cu_score_args &a, uint32_t slot)
+{
+    return a.d_meta_base + (uint64_t)slot * 2u * kvt_sc_row<DT>(a.D);
+}
+template <uint32_t DT>
+KVT_DEV const uint8_t *kvt_sc_meta_mean(const kvt__cu_score_args &a, uint32_t slot)
+{
+    const uint64_t row = kvt_sc_row<DT>(a.D);
+    return a.d_meta_base + (uint64_t)a.meta_slots * 2u * row + (uint64_t)slot * row;
+}
+
+// This lane's share of the raw scores of one page for heads g0 .. g0 + gn -
+// 1, from m: MINMAX the slot's min row (max right after, plane 1), MEAN its
+// mean row (plane 2). MINMAX: qa.kmax + qb.kmin with qa = max(q, 0),
 // qb = min(q, 0) as the CPU forms them (so a 0 * inf of an opened box is a
 // NaN here too); MEAN: q.kmean. Staged: qa / qb (or q) rows in shared
 // memory; else q straight from global memory.
@@ -94,14 +116,14 @@ KVT_DEV void kvt_sc_partial(const uint8_t *m, uint32_t D, uint32_t lg, uint32_t 
                             float (&acc)[KVT_SC_GR])
 {
     const uint32_t nv = D / 8;
-    const size_t row = (size_t)D * (DT == KVT_DTYPE_F32 ? 4u : 2u);
+    const uint64_t row = kvt_sc_row<DT>(D);
     for (uint32_t v = lg; v < nv; v += KVT_SC_LANES) {
         float lo[8], hi[8];
         if (METHOD == KVT_SCORE_MINMAX) {
             kvt_sc_meta8<DT>(m, v, lo);
             kvt_sc_meta8<DT>(m + row, v, hi);
         } else {
-            kvt_sc_meta8<DT>(m + 2 * row, v, hi);
+            kvt_sc_meta8<DT>(m, v, hi);
         }
 KVT_SC_UNROLL
         for (uint32_t j = 0; j < KVT_SC_GR; j++) {
@@ -146,13 +168,13 @@ KVT_SC_UNROLL
 
 // TOKEN / ORACLE, a page without a device copy: this lane's share of its
 // MINMAX bound (qa.kmax + qb.kmin, qa / qb formed from q on the fly as the
-// CPU forms them), from the metadata slot m.
+// CPU forms them), from m = the slot's min row (max right after, plane 1).
 template <uint32_t DT>
 KVT_DEV void kvt_sc_bound(const uint8_t *m, uint32_t D, uint32_t lg, uint32_t g0, uint32_t gn,
                           bool staged, const float *qs, const float *qg, float (&acc)[KVT_SC_GR])
 {
     const uint32_t nv = D / 8;
-    const size_t row = (size_t)D * (DT == KVT_DTYPE_F32 ? 4u : 2u);
+    const uint64_t row = kvt_sc_row<DT>(D);
     for (uint32_t v = lg; v < nv; v += KVT_SC_LANES) {
         float lo[8], hi[8];
         kvt_sc_meta8<DT>(m, v, lo);
@@ -280,8 +302,7 @@ KVT_SC_UNROLL
             kvt_sc_keys_lane<DT, METHOD>(k.d_dev_base + (uint64_t)blk * k.block_bytes, ntok, a.D,
                                          lg, g0, gn, staged, qs, qg, c, m, z, bad);
         } else {
-            const uint8_t *mp =
-                a.d_meta_base + (uint64_t)a.d_meta_table[it.table_off + page] * a.meta_bytes;
+            const uint8_t *mp = kvt_sc_meta_mm<DT>(a, a.d_meta_table[it.table_off + page]);
             kvt_sc_bound<DT>(mp, a.D, lg, g0, gn, staged, qs, qg, acc);
         }
     }
@@ -333,8 +354,9 @@ KVT_SC_UNROLL
         for (uint32_t j = 0; j < KVT_SC_GR; j++)
             acc[j] = 0.0f;
         if (live) {
-            const uint8_t *m =
-                a.d_meta_base + (uint64_t)a.d_meta_table[it.table_off + page] * a.meta_bytes;
+            const uint32_t slot = a.d_meta_table[it.table_off + page];
+            const uint8_t *m = METHOD == KVT_SCORE_MINMAX ? kvt_sc_meta_mm<DT>(a, slot)
+                                                          : kvt_sc_meta_mean<DT>(a, slot);
             kvt_sc_partial<DT, METHOD>(m, a.D, lg, g0, gn, staged, qa, qb, a.d_q + it.q_off, acc);
         }
 KVT_SC_UNROLL
@@ -781,10 +803,16 @@ int kvt__cu_score_ex(const kvt__cu_score_args *a, const kvt__cu_score_keys *k, v
     if (a->n_items > 0x7fffffffu)
         return kvt__err(KVT_EINVAL, "a->n_items: %u is above 2^31 - 1", a->n_items);
     const uint64_t elem = kvt_dtype_bytes(a->dtype);
-    if (a->meta_bytes < 3ull * a->D * elem || a->meta_bytes % 16 != 0)
-        return kvt__err(KVT_EINVAL, "a->meta_bytes: %llu is not a multiple of 16 of at least "
-                        "3 * D * %llu = %llu", (unsigned long long)a->meta_bytes,
-                        (unsigned long long)elem, (unsigned long long)(3ull * a->D * elem));
+    // The store's two planes have no room for padding: rows are D * elem
+    // bytes apart, a multiple of 16 (D % 8 == 0), so with d_meta_base
+    // 16-byte aligned every row is (kvt_cuda.h).
+    if (a->meta_bytes != 3ull * a->D * elem)
+        return kvt__err(KVT_EINVAL, "a->meta_bytes: %llu is not 3 * D * %llu = %llu",
+                        (unsigned long long)a->meta_bytes, (unsigned long long)elem,
+                        (unsigned long long)(3ull * a->D * elem));
+    if (a->meta_slots == 0)
+        return kvt__err(KVT_EINVAL, "a->meta_slots: must not be 0 (the slots of the metadata "
+                        "store)");
     kvt__cu_score_keys kk = {};
     if (keyed) {
         if (!k)

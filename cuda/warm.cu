@@ -41,8 +41,9 @@ uint32_t kvt_wm_width(const kvt__cu_warm_args *a)
     return a->method == KVT_SCORE_MINMAX ? 2u * a->D : a->D;
 }
 
-// Lm[h][page][c]: MINMAX c < D kmax (row 1), c >= D kmin (row 0); MEAN
-// kmean (row 2). Grid (pages / threads, heads).
+// Lm[h][page][c]: MINMAX c < D kmax, c >= D kmin (plane 1 of the store:
+// the slot's min row, its max row right after); MEAN kmean (plane 2, after
+// all meta_slots slots' min and max rows). Grid (pages / threads, heads).
 KVT_KERNEL __launch_bounds__(KVT_WM_THREADS) kvt_wm_gather(const kvt__cu_warm_args a, float *lm)
 {
     const uint32_t W = a.method == KVT_SCORE_MINMAX ? 2u * a.D : a.D;
@@ -52,13 +53,15 @@ KVT_KERNEL __launch_bounds__(KVT_WM_THREADS) kvt_wm_gather(const kvt__cu_warm_ar
     for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (uint64_t)gridDim.x * blockDim.x) {
         const uint32_t page = (uint32_t)(i / W), c = (uint32_t)(i % W);
-        const uint8_t *m =
-            a.d_meta_base + (uint64_t)a.d_slots[(uint64_t)blockIdx.y * a.n_pages + page] * a.meta_bytes;
+        const uint64_t slot = a.d_slots[(uint64_t)blockIdx.y * a.n_pages + page];
         float x;
-        if (a.method == KVT_SCORE_MINMAX)
-            x = c < a.D ? kvt_load(m + row, c, a.dtype) : kvt_load(m, c - a.D, a.dtype);
-        else
-            x = kvt_load(m + 2 * row, c, a.dtype);
+        if (a.method == KVT_SCORE_MINMAX) {
+            const uint8_t *mm = a.d_meta_base + slot * 2u * row;
+            x = c < a.D ? kvt_load(mm + row, c, a.dtype) : kvt_load(mm, c - a.D, a.dtype);
+        } else {
+            const uint8_t *mean = a.d_meta_base + (uint64_t)a.meta_slots * 2u * row + slot * row;
+            x = kvt_load(mean, c, a.dtype);
+        }
         lm[base + i] = x;
     }
 }
@@ -347,6 +350,18 @@ int kvt__cu_warm(const kvt__cu_warm_args *a, void *stream)
         return kvt__err(KVT_EINVAL, "a->vote: %u is not a KVT_VOTE_*", a->vote);
     if (a->G == 0 || a->D == 0)
         return kvt__err(KVT_EINVAL, "a->G, a->D: must not be 0");
+    if (a->dtype != KVT_DTYPE_F16 && a->dtype != KVT_DTYPE_BF16 && a->dtype != KVT_DTYPE_F32)
+        return kvt__err(KVT_EINVAL, "a->dtype: %u is not F16, BF16 or F32", a->dtype);
+    // The store's two planes have no room for padding: rows are D * elem
+    // bytes apart (kvt_cuda.h).
+    const uint64_t elem = kvt_dtype_bytes(a->dtype);
+    if (a->meta_bytes != 3ull * a->D * elem)
+        return kvt__err(KVT_EINVAL, "a->meta_bytes: %llu is not 3 * D * %llu = %llu",
+                        (unsigned long long)a->meta_bytes, (unsigned long long)elem,
+                        (unsigned long long)(3ull * a->D * elem));
+    if (a->meta_slots == 0)
+        return kvt__err(KVT_EINVAL, "a->meta_slots: must not be 0 (the slots of the metadata "
+                        "store)");
     const uint64_t R = (uint64_t)a->n_obs * a->G, W = kvt_wm_width(a);
     if (R > 0x7fffffffu || (uint64_t)a->n_pages * W > 0x7fffffffu || R * W > 0x7fffffffu ||
         R * a->n_pages > 0x7fffffffu || R * a->n_heads > 0x7fffffffu || a->n_heads > 65535u)

@@ -58,6 +58,7 @@
 #define CB_ELEM 2u /* f16 */
 #define CB_BLOCK_BYTES ((uint64_t)2 * CB_P * CB_D * CB_ELEM) /* 8 KiB */
 #define CB_META_BYTES  ((uint64_t)3 * CB_D * CB_ELEM)        /* 768 B */
+#define CB_MM_BYTES    ((uint64_t)2 * CB_D * CB_ELEM)        /* a slot's min, max rows */
 
 /* Selection: top-K pages per KV head plus the last (local) page. */
 #define CB_TOPK_PAGES  64u
@@ -735,25 +736,27 @@ static uint64_t cb_attn_bytes(uint32_t B, uint32_t ctx, uint32_t k, uint64_t *ar
 
 /* Random f16 contents, a pattern of up to 48 MiB uploaded once and tiled
  * over the arena by device-to-device copies. meta: the pattern is made of
- * valid metadata slots (rows min <= mean <= max per dimension: the MINMAX
- * score max(q*kmin, q*kmax) = qa.kmax + qb.kmin needs min <= max); else
+ * valid (min, max) row pairs of the store's first plane (min <= max per
+ * dimension: the MINMAX score max(q*kmin, q*kmax) = qa.kmax + qb.kmin needs
+ * it); else
  * values uniform in [-1, 1). */
 static void cb_fill_random(uint8_t *d, uint64_t bytes, uint64_t seed, bool meta)
 {
-    uint64_t unit = meta ? CB_META_BYTES : 2, cap = 65536 * CB_META_BYTES; /* 48 MiB */
+    /* (metadata: the store's first plane is (min, max) row pairs; the
+     * pattern repeats pairs over both planes, and MINMAX reads the first) */
+    uint64_t unit = meta ? CB_MM_BYTES : 2, cap = 65536 * CB_META_BYTES; /* 48 MiB */
     uint64_t pat = (bytes < cap ? bytes : cap) / unit * unit;
     if (pat == 0)
         return;
     uint16_t *h = bench_xmalloc((size_t)pat);
     uint64_t s = seed;
     if (meta) {
-        for (uint64_t slot = 0; slot < pat / CB_META_BYTES; slot++) {
-            uint16_t *r = h + slot * 3 * CB_D;
+        for (uint64_t slot = 0; slot < pat / CB_MM_BYTES; slot++) {
+            uint16_t *r = h + slot * 2 * CB_D;
             for (uint32_t dd = 0; dd < CB_D; dd++) {
                 float a = cb_unit(&s), b = cb_unit(&s);
                 r[dd] = cb_f32_to_f16(a < b ? a : b);
                 r[CB_D + dd] = cb_f32_to_f16(a < b ? b : a);
-                r[2 * CB_D + dd] = cb_f32_to_f16(0.5f * (a + b));
             }
         }
     } else {
@@ -926,7 +929,8 @@ static void cb_attn_setup(cb_attn *a, uint32_t B, uint32_t ctx, uint32_t k, uint
         .d_items = a->d_score_items, .n_items = ni, .G = CB_G, .D = CB_D,
         .dtype = KVT_DTYPE_F16, .method = KVT_SCORE_MINMAX, .vote = KVT_VOTE_SUM,
         .vote_scale = 1.0f, .max_pages = np, .d_q = a->d_q, .d_meta_table = a->d_meta_table,
-        .d_meta_base = a->d_meta, .meta_bytes = CB_META_BYTES, .d_vote = a->d_vote};
+        .d_meta_base = a->d_meta, .meta_bytes = CB_META_BYTES, .meta_slots = (uint32_t)(n + 1),
+        .d_vote = a->d_vote};
     a->topk = (kvt__cu_topk_args){
         .d_items = a->d_topk_items, .n_items = ni, .P = CB_P, .max_pages = np,
         .d_vote = a->d_vote, .d_sel = a->d_sel, .d_n_sel = a->d_n_sel};
@@ -1052,7 +1056,7 @@ static void cb_check_select(cb *c, const cb_attn *a)
         const float *q = a->h_q + (uint64_t)it * CB_G * CB_D;
         for (uint32_t p = 0; p < a->np; p++) {
             const uint16_t *slot = (const uint16_t *)(const void *)(
-                meta + (uint64_t)a->h_meta_table[(uint64_t)it * a->np + p] * CB_META_BYTES);
+                meta + (uint64_t)a->h_meta_table[(uint64_t)it * a->np + p] * CB_MM_BYTES);
             double v = 0, mag = 0;
             for (uint32_t g = 0; g < CB_G; g++)
                 for (uint32_t d = 0; d < CB_D; d++) {

@@ -11,6 +11,11 @@
 /* Lets go of s's reference to its page (lh, page): the page's blocks, disk
  * slot and metadata slot are freed when s was its last holder (share.c). */
 KVT__HIDDEN void kvt__page_letgo(kvt_pool *p, kvt__seq *s, size_t lh, uint32_t page);
+/* Metadata slot m's record (min, max, mean rows; meta_bytes) to or from host
+ * memory, from the store's two planes (lib/core/store.h), through the backend
+ * where the store is not host memory. */
+KVT__HIDDEN int kvt__meta_get(const kvt_pool *p, uint32_t m, uint8_t *rec);
+KVT__HIDDEN int kvt__meta_put(const kvt_pool *p, uint32_t m, const uint8_t *rec);
 /* KVT_ESTATE naming `what` when an open step includes s. */
 KVT__HIDDEN int kvt__seq_edit_ok(const kvt_pool *p, const kvt__seq *s, const char *what);
 

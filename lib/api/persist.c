@@ -130,15 +130,9 @@ KVT_API int kvt_seq_save(const kvt_pool *pool, kvt_seq_id seq, kvt_write_fn writ
                     break;
                 memcpy(rec, blk, count * row);
                 memcpy(rec + count * row, blk + (size_t)P * row, count * row);
-                const uint8_t *m = kvt__arena_block(&pool->meta,
-                                                    s->meta_slot[lh * s->cap_pages + pg]);
-                uint8_t *mo = rec + 2u * count * row;
-                if (pool->be_caps & KVT__BE_DEVICE_REMOTE) {
-                    if ((rc = pool->be->read(pool, mo, m, pool->meta_bytes)))
-                        break;
-                } else {
-                    memcpy(mo, m, pool->meta_bytes);
-                }
+                if ((rc = kvt__meta_get(pool, s->meta_slot[lh * s->cap_pages + pg],
+                                        rec + 2u * count * row)))
+                    break;
                 const size_t len = 2u * count * row + pool->meta_bytes;
                 crc = kvt__rec_crc(l, pg, h, rec, len);
                 if (!(rc = kvt__wr_put(&w, rec, len)))
@@ -223,7 +217,6 @@ static int kvt__restore_pages(kvt_pool *pool, kvt_seq_id id, kvt__seq *s, kvt__r
     uint64_t n_rec = 0;
     if (!k || !v || !meta || !rec || !got)
         rc = kvt__err(KVT_ENOMEM, "kvt_seq_restore: cannot allocate page buffers");
-    const bool remote = (pool->be_caps & KVT__BE_DEVICE_REMOTE) != 0;
     kvt__rows_stage stage = {0};
     for (uint32_t l = 0; l < L && !rc; l++) {
         const uint32_t n = n_tokens[l], np = kvt__pages_for(pool, n);
@@ -253,10 +246,9 @@ static int kvt__restore_pages(kvt_pool *pool, kvt_seq_id id, kvt__seq *s, kvt__r
                 break;
             for (uint32_t h = 0; h < H && !rc; h++) {
                 const size_t e = kvt__lh(pool, l, h) * s->cap_pages + pg;
-                const uint8_t *m = kvt__arena_block(&pool->meta, s->meta_slot[e]);
-                if (remote && (rc = pool->be->read(pool, got, m, mb)))
+                if ((rc = kvt__meta_get(pool, s->meta_slot[e], got)))
                     break;
-                if (memcmp(remote ? got : m, meta + (size_t)h * mb, mb))
+                if (memcmp(got, meta + (size_t)h * mb, mb))
                     rc = kvt__err(KVT_ECORRUPT, "stream: layer %u page %u head %u: the saved "
                                   "metadata does not describe the saved keys", l, pg, h);
             }

@@ -326,19 +326,14 @@ KVT_API int kvt_seq_page_meta_get(const kvt_pool *pool, kvt_seq_id seq, uint32_t
     if (page >= have)
         return kvt__err(KVT_ERANGE, "page: %u >= the %u pages of layer %u", page, have, layer);
     const uint32_t D = pool->g.head_dim;
-    const uint8_t *m =
-        kvt__arena_block(&pool->meta, s->meta_slot[kvt__lh(pool, layer, kv_head) * s->cap_pages +
-                                                   page]);
     const size_t row = (size_t)D * pool->elem;
-    uint8_t *copy = NULL;
-    if (pool->be_caps & KVT__BE_DEVICE_REMOTE) { /* the metadata store is GPU memory */
-        if (!(copy = malloc(pool->meta_bytes)))
-            return kvt__err(KVT_ENOMEM, "kvt_seq_page_meta_get: cannot allocate a buffer");
-        if ((rc = pool->be->read(pool, copy, m, pool->meta_bytes))) {
-            free(copy);
-            return rc;
-        }
-        m = copy;
+    uint8_t *m = malloc(pool->meta_bytes);
+    if (!m)
+        return kvt__err(KVT_ENOMEM, "kvt_seq_page_meta_get: cannot allocate a buffer");
+    if ((rc = kvt__meta_get(pool, s->meta_slot[kvt__lh(pool, layer, kv_head) * s->cap_pages +
+                                                page], m))) {
+        free(m);
+        return rc;
     }
     if (kmin)
         kvt__load_f32(kmin, m, pool->g.dtype, D);
@@ -346,6 +341,6 @@ KVT_API int kvt_seq_page_meta_get(const kvt_pool *pool, kvt_seq_id seq, uint32_t
         kvt__load_f32(kmax, m + row, pool->g.dtype, D);
     if (kmean)
         kvt__load_f32(kmean, m + 2 * row, pool->g.dtype, D);
-    free(copy);
+    free(m);
     return 0;
 }

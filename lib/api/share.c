@@ -34,6 +34,25 @@ static int kvt__pool_write(const kvt_pool *p, void *dst, const void *src, size_t
     return 0;
 }
 
+int kvt__meta_get(const kvt_pool *p, uint32_t m, uint8_t *rec)
+{
+    const size_t row = kvt__meta_row(p);
+    if (!(p->be_caps & KVT__BE_DEVICE_REMOTE)) {
+        memcpy(rec, kvt__meta_mm(p, m), 2 * row);
+        memcpy(rec + 2 * row, kvt__meta_mean(p, m), row);
+        return 0;
+    }
+    int rc = p->be->read(p, rec, kvt__meta_mm(p, m), 2 * row);
+    return rc ? rc : p->be->read(p, rec + 2 * row, kvt__meta_mean(p, m), row);
+}
+
+int kvt__meta_put(const kvt_pool *p, uint32_t m, const uint8_t *rec)
+{
+    const size_t row = kvt__meta_row(p);
+    int rc = kvt__pool_write(p, kvt__meta_mm(p, m), rec, 2 * row);
+    return rc ? rc : kvt__pool_write(p, kvt__meta_mean(p, m), rec + 2 * row, row);
+}
+
 void kvt__page_letgo(kvt_pool *p, kvt__seq *s, size_t lh, uint32_t page)
 {
     const size_t e = lh * s->cap_pages + page;
@@ -91,18 +110,14 @@ static int kvt__page_copy(kvt_pool *p, const kvt__seq *s, size_t lh, uint32_t pa
         free(buf);
         return kvt__err(KVT_ENOSPC, "no device block or metadata slot left for a page copy");
     }
-    const uint8_t *m = kvt__arena_block(&p->meta, s->meta_slot[e]);
     int rc = kvt__page_read(p, s, lh, page, buf);
     if (!rc)
         rc = kvt__pool_write(p, kvt__arena_block(&p->tier[KVT_TIER_DEVICE], *blk), buf,
                              p->block_bytes);
     if (!rc && new_meta)
-        rc = (p->be_caps & KVT__BE_DEVICE_REMOTE)
-                 ? p->be->read(p, buf + p->block_bytes, m, p->meta_bytes)
-                 : (memcpy(buf + p->block_bytes, m, p->meta_bytes), 0);
+        rc = kvt__meta_get(p, s->meta_slot[e], buf + p->block_bytes);
     if (!rc && new_meta)
-        rc = kvt__pool_write(p, kvt__arena_block(&p->meta, *meta), buf + p->block_bytes,
-                             p->meta_bytes);
+        rc = kvt__meta_put(p, *meta, buf + p->block_bytes);
     free(buf);
     if (rc) {
         kvt__arena_free(&p->tier[KVT_TIER_DEVICE], *blk);
@@ -363,8 +378,8 @@ KVT_API int kvt_seq_truncate(kvt_pool *pool, kvt_seq_id seq, uint32_t n_tokens)
                 } else {
                     const bool bad = kvt__page_rebuild(
                         pool, kvt__arena_block(&pool->tier[KVT_TIER_DEVICE], s->dev_block[e]),
-                        rows, s->acc + lh * 3u * D,
-                        kvt__arena_block(&pool->meta, s->meta_slot[e]));
+                        rows, s->acc + lh * 3u * D, kvt__meta_mm(pool, s->meta_slot[e]),
+                        kvt__meta_mean(pool, s->meta_slot[e]));
                     s->res[e] = (uint8_t)((s->res[e] & ~KVT__RES_NONFINITE) |
                                           (bad ? KVT__RES_NONFINITE : 0));
                 }

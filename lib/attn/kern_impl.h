@@ -620,7 +620,7 @@ KVT__INLINE void kvt__score_blk(kvt_dtype dt, uint32_t method, uint32_t nb, uint
                 vf mean[NBP];
                 KVT__UNROLL
                 for (uint32_t j = 0; j < NBP; j++)
-                    mean[j] = j < nb ? v_ld(dt, mb[j] + 2 * row, d, nn) : v_zero();
+                    mean[j] = j < nb ? v_ld(dt, mb[j], d, nn) : v_zero();
                 KVT__UNROLL
                 for (uint32_t k = 0; k < 4; k++) {
                     if (k >= gb)
@@ -645,27 +645,26 @@ KVT__INLINE void kvt__score_blk(kvt_dtype dt, uint32_t method, uint32_t nb, uint
 }
 
 KVT__INLINE void kvt__score_dt(kvt_dtype dt, uint32_t method, const kvt__attn_shape *sh,
-                               const float *qa, const float *qb, const uint8_t *meta_base,
-                               uint64_t meta_bytes, const uint32_t *slots, uint32_t n,
+                               const float *qa, const float *qb, const uint8_t *plane,
+                               uint64_t slot_bytes, const uint32_t *slots, uint32_t n,
                                float *S, size_t stride)
 {
     const uint32_t G = sh->G, D = sh->D;
     const size_t row = (size_t)D * (dt == KVT_DTYPE_F32 ? 4u : 2u);
     /* The rows the method reads: min and max, or the mean. */
-    const size_t pf_off = method == KVT_SCORE_MINMAX ? 0 : 2 * row;
     const size_t pf_len = method == KVT_SCORE_MINMAX ? 2 * row : row;
     /* Slots are scattered over the store: the pages KVT__SCORE_PF ahead
      * are requested into L2 while these are scored (a cold slot costs
      * about twice a warm one's time otherwise). */
     for (uint32_t j = 0; j < KVT__SCORE_PF && j < n; j++)
-        kvt__pf(meta_base + (size_t)slots[j] * meta_bytes + pf_off, pf_len);
+        kvt__pf(plane + (size_t)slots[j] * slot_bytes, pf_len);
     for (uint32_t i = 0; i < n; i += NBP) {
         const uint32_t nb = kvt__min_u32(NBP, n - i);
         for (uint32_t j = i + KVT__SCORE_PF; j < i + KVT__SCORE_PF + nb && j < n; j++)
-            kvt__pf(meta_base + (size_t)slots[j] * meta_bytes + pf_off, pf_len);
+            kvt__pf(plane + (size_t)slots[j] * slot_bytes, pf_len);
         const uint8_t *mb[NBP];
         for (uint32_t j = 0; j < NBP; j++)
-            mb[j] = meta_base + (size_t)slots[j < nb ? i + j : i] * meta_bytes;
+            mb[j] = plane + (size_t)slots[j < nb ? i + j : i] * slot_bytes;
         if (nb == NBP)
             kvt__score_blk(dt, method, NBP, G, D, row, qa, qb, mb, S, stride, i);
         else
@@ -674,20 +673,20 @@ KVT__INLINE void kvt__score_dt(kvt_dtype dt, uint32_t method, const kvt__attn_sh
 }
 
 static void kvt__score(const kvt__attn_shape *sh, uint32_t method, const float *qa,
-                       const float *qb, const uint8_t *meta_base, uint64_t meta_bytes,
+                       const float *qb, const uint8_t *plane, uint64_t slot_bytes,
                        const uint32_t *slots, uint32_t n, float *S, size_t stride)
 {
     switch (sh->dtype) {
     case KVT_DTYPE_F16:
-        kvt__score_dt(KVT_DTYPE_F16, method, sh, qa, qb, meta_base, meta_bytes, slots, n, S,
+        kvt__score_dt(KVT_DTYPE_F16, method, sh, qa, qb, plane, slot_bytes, slots, n, S,
                       stride);
         break;
     case KVT_DTYPE_BF16:
-        kvt__score_dt(KVT_DTYPE_BF16, method, sh, qa, qb, meta_base, meta_bytes, slots, n, S,
+        kvt__score_dt(KVT_DTYPE_BF16, method, sh, qa, qb, plane, slot_bytes, slots, n, S,
                       stride);
         break;
     default:
-        kvt__score_dt(KVT_DTYPE_F32, method, sh, qa, qb, meta_base, meta_bytes, slots, n, S,
+        kvt__score_dt(KVT_DTYPE_F32, method, sh, qa, qb, plane, slot_bytes, slots, n, S,
                       stride);
         break;
     }

@@ -27,9 +27,12 @@ typedef struct kvt__kernels {
                  const uint32_t *ntok, const uint32_t *pos, const uint32_t *lim, uint32_t n,
                  float *m, float *l, float *acc, float *sbuf);
     /* Scores n pages (metadata slots) for G queries into S[g * stride + i]:
-     * MINMAX with qa = max(q, 0), qb = min(q, 0); MEAN with qa = q. */
+     * MINMAX with qa = max(q, 0), qb = min(q, 0), over the plane of min and
+     * max rows (slot s's min row at plane + s * slot_bytes, its max row
+     * right after); MEAN with qa = q, over the plane of mean rows (slot s's
+     * at plane + s * slot_bytes). */
     void (*score)(const kvt__attn_shape *sh, uint32_t method, const float *qa,
-                  const float *qb, const uint8_t *meta_base, uint64_t meta_bytes,
+                  const float *qb, const uint8_t *plane, uint64_t slot_bytes,
                   const uint32_t *slots, uint32_t n, float *S, size_t stride);
     /* Scores n pages from their keys for G queries q [G][D] into
      * S[g * stride + i]: block i's first ntok[i] key rows (K of a block,

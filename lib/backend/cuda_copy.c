@@ -255,7 +255,8 @@ int kvt__cuda_warm_imp(kvt_pool *p, kvt__seq *s, const float *obs, uint32_t n_ob
         kvt__cu_warm_args a = {
             .n_heads = nh, .n_pages = np, .n_obs = oc, .G = G, .D = D, .dtype = p->g.dtype,
             .method = method, .vote = vote, .vote_scale = sel->vote_scale,
-            .d_meta_base = c->d_meta, .meta_bytes = p->meta.block_bytes, .blas = c->blas};
+            .d_meta_base = c->d_meta, .meta_bytes = p->meta.block_bytes,
+            .meta_slots = p->meta.n_blocks, .blas = c->blas};
         const size_t nslot = (size_t)nh * np, nq = (size_t)nh * oc * G * W;
         if ((rc = kvt__warm_pin((void **)&c->h_wslot, &c->cap_wslot, nslot, sizeof(uint32_t))) ||
             (rc = kvt__warm_dev((void **)&c->d_wslot, &c->cap_wslot_d, nslot * sizeof(uint32_t))) ||

@@ -139,12 +139,14 @@ int kvt__cuda_pool_init(kvt_pool *p, const kvt_pool_opts *o)
     /* The null blocks read as zeros (kvt_pool_check verifies it). */
     if (!rc)
         rc = kvt__cu_memset_sync(c->d_dev, 0, dv->block_bytes, c->stream);
+    p->meta.base = c->d_meta; /* (the null slot in both planes, below) */
     if (!rc)
-        rc = kvt__cu_memset_sync(c->d_meta, 0, p->meta.block_bytes, c->stream);
+        rc = kvt__cu_memset_sync(kvt__meta_mm(p, 0), 0, 2 * kvt__meta_row(p), c->stream);
+    if (!rc)
+        rc = kvt__cu_memset_sync(kvt__meta_mean(p, 0), 0, kvt__meta_row(p), c->stream);
     if (rc)
         return rc; /* kvt_pool_destroy releases what exists */
     p->tier[KVT_TIER_DEVICE].base = c->d_dev;
-    p->meta.base = c->d_meta;
     return 0;
 }
 
@@ -567,9 +569,12 @@ int kvt__cuda_seq_append(kvt_pool *p, kvt__seq *s, uint32_t layer, const void *k
                                              s->be.cu_off + lh * s->cap_pages,
                                              ((uint64_t)slot * c->LH + lh) * 3u * D, cur, n};
     }
-    kvt__cu_append_args a = {c->h_papp, H, D, P, p->g.dtype, src_dtype, k, v, c->d_tab,
-                             c->d_mtab, c->d_dev, p->block_bytes, c->d_meta, p->meta_bytes,
-                             c->d_acc, n};
+    kvt__cu_append_args a = {
+        .d_items = c->h_papp, .n_items = H, .D = D, .P = P, .dtype = p->g.dtype,
+        .src_dtype = src_dtype, .d_k = k, .d_v = v, .d_dev_table = c->d_tab,
+        .d_meta_table = c->d_mtab, .d_dev_base = c->d_dev, .block_bytes = p->block_bytes,
+        .d_meta_base = c->d_meta, .meta_bytes = p->meta_bytes, .meta_slots = p->meta.n_blocks,
+        .d_acc = c->d_acc, .max_tokens = n};
     rc = kvt__cu_append(&a, c->stream);
     if (!rc)
         rc = kvt__cu_stream_sync(c->stream); /* k and v are the caller's again */

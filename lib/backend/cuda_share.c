@@ -77,8 +77,9 @@ int kvt__cuda_page_rebuild(kvt_pool *p, kvt__seq *s, size_t lh, uint32_t page, u
     uint8_t *meta = rows + (size_t)count * row;
     const uint8_t *blk = kvt__arena_block(&p->tier[KVT_TIER_DEVICE], s->dev_block[e]);
     if (!(rc = kvt__cu_memcpy(rows, blk, (size_t)count * row))) {
-        const bool bad = kvt__page_rebuild(p, rows, count, acc, meta);
-        if (!(rc = kvt__cu_memcpy(kvt__arena_block(&p->meta, s->meta_slot[e]), meta, 3 * row)) &&
+        const bool bad = kvt__page_rebuild(p, rows, count, acc, meta, meta + 2 * row);
+        if (!(rc = kvt__cu_memcpy(kvt__meta_mm(p, s->meta_slot[e]), meta, 2 * row)) &&
+            !(rc = kvt__cu_memcpy(kvt__meta_mean(p, s->meta_slot[e]), meta + 2 * row, row)) &&
             !(rc = kvt__cu_memcpy(c->d_acc + ((size_t)kvt__cup_slot(p, s) * c->LH + lh) * 3u * D,
                                   acc, 3u * D * sizeof *acc)))
             s->res[e] = (uint8_t)((s->res[e] & ~KVT__RES_NONFINITE) |

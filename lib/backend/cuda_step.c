@@ -97,9 +97,10 @@ int kvt__cuda_step_plan(kvt_step *st, void *stream)
          * score runs before the decode on the step's stream), up to
          * KVT__CUP_SCORE_WORK_MAX: above it the scoring reads the keys
          * twice instead. */
-        const kvt__cu_score_args sa = {NULL, st->n * H, st->G, st->D, p->g.dtype,
-                                       st->sel->method, st->sel->vote, st->sel->vote_scale,
-                                       np_max, NULL, NULL, NULL, p->meta_bytes, NULL};
+        const kvt__cu_score_args sa = {
+            .n_items = st->n * H, .G = st->G, .D = st->D, .dtype = p->g.dtype,
+            .method = st->sel->method, .vote = st->sel->vote, .vote_scale = st->sel->vote_scale,
+            .max_pages = np_max, .meta_bytes = p->meta_bytes, .meta_slots = p->meta.n_blocks};
         const size_t sw = kvt__cu_score_workspace_bytes(&sa);
         if (sw > work && sw <= KVT__CUP_SCORE_WORK_MAX)
             work = sw;
@@ -208,9 +209,12 @@ int kvt__cuda_step_append(kvt_step *st, uint32_t layer, const void *k, const voi
     kvt__cu_append_item *dit = c->d_app + L0;
     if ((rc = kvt__cup_items_up(dit, it, (size_t)st->n * H * sizeof *it, c->sst)))
         return rc;
-    kvt__cu_append_args a = {dit, st->n * H, D, P, p->g.dtype, src_dtype, k, v, c->d_tab,
-                             c->d_mtab, c->d_dev, p->block_bytes, c->d_meta, p->meta_bytes,
-                             c->d_acc, st->rmax};
+    kvt__cu_append_args a = {
+        .d_items = dit, .n_items = st->n * H, .D = D, .P = P, .dtype = p->g.dtype,
+        .src_dtype = src_dtype, .d_k = k, .d_v = v, .d_dev_table = c->d_tab,
+        .d_meta_table = c->d_mtab, .d_dev_base = c->d_dev, .block_bytes = p->block_bytes,
+        .d_meta_base = c->d_meta, .meta_bytes = p->meta_bytes, .meta_slots = p->meta.n_blocks,
+        .d_acc = c->d_acc, .max_tokens = st->rmax};
     rc = kvt__cu_append(&a, c->sst);
     if (!rc && c->sync_calls) /* no engine stream to order with: finish here */
         rc = kvt__cu_stream_sync(c->sst);
@@ -301,9 +305,11 @@ int kvt__cuda_step_select(kvt_step *st, uint32_t layer, const float *q)
                                 c->sst)))
         return rc;
     if (n_rr) {
-        kvt__cu_score_args sa = {c->d_sc + L0, items, G, D, p->g.dtype, st->sel->method, st->sel->vote,
-                                 st->sel->vote_scale, np_max, q, c->d_mtab, c->d_meta,
-                                 p->meta_bytes, c->d_vote};
+        kvt__cu_score_args sa = {
+            .d_items = c->d_sc + L0, .n_items = items, .G = G, .D = D, .dtype = p->g.dtype,
+            .method = st->sel->method, .vote = st->sel->vote, .vote_scale = st->sel->vote_scale,
+            .max_pages = np_max, .d_q = q, .d_meta_table = c->d_mtab, .d_meta_base = c->d_meta,
+            .meta_bytes = p->meta_bytes, .meta_slots = p->meta.n_blocks, .d_vote = c->d_vote};
         /* TOKEN and ORACLE read the keys of the pages the device table
          * names. The host tables name a device block only once its bytes
          * are there (a move to the device sets it when its copy has landed:

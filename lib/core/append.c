@@ -11,16 +11,16 @@
 /* Writes the metadata of a page from its f32 accumulators: min rounded
  * toward -inf, max toward +inf (so q.k bounds stay bounds), and the mean
  * (f32 sum / count, a landmark rather than a bound) rounded to nearest. */
-static void kvt__meta_store(const kvt_pool *p, uint8_t *m, const float *acc, uint32_t count,
-                            float *tmp)
+static void kvt__meta_store(const kvt_pool *p, uint8_t *mm, uint8_t *mean, const float *acc,
+                            uint32_t count, float *tmp)
 {
     const uint32_t D = p->g.head_dim;
     const size_t row = (size_t)D * p->elem;
-    kvt__store_f32(m, p->g.dtype, acc, D, KVT__RD);
-    kvt__store_f32(m + row, p->g.dtype, acc + D, D, KVT__RU);
+    kvt__store_f32(mm, p->g.dtype, acc, D, KVT__RD);
+    kvt__store_f32(mm + row, p->g.dtype, acc + D, D, KVT__RU);
     for (uint32_t d = 0; d < D; d++)
         tmp[d] = acc[2 * D + d] / (float)count;
-    kvt__store_f32(m + 2 * row, p->g.dtype, tmp, D, KVT__RN);
+    kvt__store_f32(mean, p->g.dtype, tmp, D, KVT__RN);
 }
 
 int kvt__not_in_pool(const kvt_pool *p, const void *ptr, size_t bytes, const char *what)
@@ -112,7 +112,7 @@ static void kvt__acc_reset(float *acc, uint32_t D)
 }
 
 bool kvt__page_rebuild(const kvt_pool *p, const uint8_t *krows, uint32_t count, float *acc,
-                       uint8_t *meta)
+                       uint8_t *mm, uint8_t *mean)
 {
     const uint32_t D = p->g.head_dim, P = p->g.page_tokens;
     const size_t row = (size_t)D * p->elem;
@@ -123,7 +123,7 @@ bool kvt__page_rebuild(const kvt_pool *p, const uint8_t *krows, uint32_t count, 
         kvt__load_f32(kf, krows + (size_t)t * row, p->g.dtype, D);
         bad |= kvt__acc_add(acc, kf, D);
     }
-    kvt__meta_store(p, meta, acc, count, tmp);
+    kvt__meta_store(p, mm, mean, acc, count, tmp);
     return bad;
 }
 
@@ -143,7 +143,8 @@ void kvt__append_pop(kvt_pool *pool, kvt__seq *s, uint32_t layer)
         const size_t lh = kvt__lh(pool, layer, h), e = lh * s->cap_pages + pg;
         const uint8_t *blk = kvt__arena_block(&pool->tier[KVT_TIER_DEVICE], s->dev_block[e]);
         const bool bad = kvt__page_rebuild(pool, blk, slot, s->acc + lh * 3u * D,
-                                           kvt__arena_block(&pool->meta, s->meta_slot[e]));
+                                           kvt__meta_mm(pool, s->meta_slot[e]),
+                                           kvt__meta_mean(pool, s->meta_slot[e]));
         s->res[e] = (uint8_t)((s->res[e] & ~KVT__RES_NONFINITE) | (bad ? KVT__RES_NONFINITE : 0));
     }
 }
@@ -193,9 +194,9 @@ void kvt__append_checked(kvt_pool *pool, kvt__seq *s, uint32_t layer, const void
             if (kvt__acc_add(acc, kf, D))
                 s->res[base + pg] |= KVT__RES_NONFINITE;
             if (slot == P - 1 || t == n_tokens - 1)
-                kvt__meta_store(pool,
-                                kvt__arena_block(&pool->meta, s->meta_slot[base + pg]), acc,
-                                slot + 1, tmp);
+                kvt__meta_store(pool, kvt__meta_mm(pool, s->meta_slot[base + pg]),
+                                kvt__meta_mean(pool, s->meta_slot[base + pg]), acc, slot + 1,
+                                tmp);
         }
     }
     s->n_tokens[layer] = end;

@@ -149,7 +149,8 @@ struct kvt_pool {
     uint32_t n_threads;
     uint32_t flags;
     kvt__arena tier[KVT_NUM_TIERS];
-    kvt__arena meta;        /* metadata store, device tier; block = one page's meta */
+    kvt__arena meta;        /* metadata store, device tier: slot ids, and the two planes
+                             * of kvt__meta_mm / kvt__meta_mean in its memory */
     kvt__seq *seqs;         /* [max_seqs] slots */
     uint32_t *free_seq;     /* stack of free slot indexes */
     uint32_t n_free_seq;
@@ -299,6 +300,30 @@ KVT__HIDDEN uint32_t kvt__seq_id_slot(kvt_seq_id id);
  * generation. */
 KVT__HIDDEN void kvt__seq_fini(kvt__seq *s);
 
+/* The metadata store's memory is two planes (n = meta.n_blocks slots, row =
+ * D * elem bytes): [n][min row, max row], then [n][mean row], so that a bound
+ * scorer (MINMAX) streams only min and max and a landmark scorer (MEAN) only
+ * the mean. Slot 0 (the null slot) is zero in both. A page's metadata outside
+ * the store (save files, kvt_seq_page_meta_get, copies through host memory,
+ * kvt__page_rebuild's output) is one record: min, max, mean. Addresses are
+ * the store's own (device memory on a remote backend). */
+static inline size_t kvt__meta_row(const kvt_pool *p)
+{
+    return (size_t)p->meta_bytes / 3u;
+}
+static inline uint8_t *kvt__meta_mm(const kvt_pool *p, uint32_t slot)
+{
+    return p->meta.base + (size_t)slot * 2u * kvt__meta_row(p);
+}
+static inline uint8_t *kvt__meta_mean_plane(const kvt_pool *p)
+{
+    return p->meta.base + (size_t)p->meta.n_blocks * 2u * kvt__meta_row(p);
+}
+static inline uint8_t *kvt__meta_mean(const kvt_pool *p, uint32_t slot)
+{
+    return kvt__meta_mean_plane(p) + (size_t)slot * kvt__meta_row(p);
+}
+
 static inline size_t kvt__lh(const kvt_pool *p, uint32_t layer, uint32_t head)
 {
     return (size_t)layer * p->g.n_kv_heads + head;
@@ -327,11 +352,12 @@ KVT__HIDDEN void kvt__append_unalloc(kvt_pool *p, kvt__seq *s, uint32_t layer, u
  * it opened goes back, else the page's metadata is rebuilt from the keys
  * still stored (bounds of the stored values, so still bounds). */
 KVT__HIDDEN void kvt__append_pop(kvt_pool *p, kvt__seq *s, uint32_t layer);
-/* The accumulators (acc[3 * D]: min, max, sum) and metadata (meta, 3 rows of
- * the pool's dtype) of a page from its first `count` key rows (host memory,
- * the pool's dtype); returns whether a key has a NaN or infinite element. */
+/* The accumulators (acc[3 * D]: min, max, sum) and metadata (mm: the min and
+ * max rows, mean: the mean row, the pool's dtype; a record passes rec and
+ * rec + 2 rows) of a page from its first `count` key rows (host memory, the
+ * pool's dtype); returns whether a key has a NaN or infinite element. */
 KVT__HIDDEN bool kvt__page_rebuild(const kvt_pool *p, const uint8_t *krows, uint32_t count,
-                                   float *acc, uint8_t *meta);
+                                   float *acc, uint8_t *mm, uint8_t *mean);
 /* Appends n_tokens of one layer once every argument has been checked and
  * blocks are known to be available (append.c); cannot fail. */
 KVT__HIDDEN void kvt__append_checked(kvt_pool *p, kvt__seq *s, uint32_t layer, const void *k,

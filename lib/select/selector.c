@@ -302,7 +302,7 @@ static void kvt__sel_tscore(const kvt_selector *sel, const kvt_pool *p, const kv
                             sc->tbuf);
         } else {
             p->kern->score(&sh, KVT_SCORE_MINMAX, sc->qa, sc->qb, p->meta.base,
-                           p->meta.block_bytes, slots + pg, j - pg, S + pg, np);
+                           2u * kvt__meta_row(p), slots + pg, j - pg, S + pg, np);
             for (uint32_t g = 0; oracle && g < G; g++)
                 for (uint32_t x = pg; x < j; x++)
                     S[(size_t)g * np + x] += logf((float)sc->ntok[x]) / c;
@@ -355,8 +355,9 @@ void kvt__sel_raw(const kvt_selector *sel, const kvt_pool *p, const kvt__seq *s,
     }
     const kvt__attn_shape sh = {G, p->g.head_dim, p->g.page_tokens, p->g.dtype};
     const uint32_t *slots = s->meta_slot + kvt__lh(p, layer, head) * s->cap_pages;
-    p->kern->score(&sh, sel->method, sc->qa, sc->qb, p->meta.base, p->meta.block_bytes,
-                   slots + pg0, pg1 - pg0, S + pg0, np);
+    const bool mm = sel->method == KVT_SCORE_MINMAX;
+    p->kern->score(&sh, sel->method, sc->qa, sc->qb, mm ? p->meta.base : kvt__meta_mean_plane(p),
+                   (mm ? 2u : 1u) * kvt__meta_row(p), slots + pg0, pg1 - pg0, S + pg0, np);
 }
 
 void kvt__sel_score(const kvt_selector *sel, const kvt_pool *p, const kvt__seq *s,

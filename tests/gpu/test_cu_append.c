@@ -8,8 +8,9 @@
  * signs), +-inf, +-0, subnormals, values past f16's range and ordinary values
  * of mixed magnitude (so the f32 running sums round and any change of order
  * shows). The kernel writes into a device arena and metadata store laid out
- * here (blocks and slots shuffled, block 0 the null block, everything
- * pre-filled with a pattern). After every launch:
+ * here (blocks and slots shuffled, block 0 the null block, the store in its
+ * two planes - every slot's min and max rows, then every slot's mean row -
+ * everything pre-filled with a pattern). After every launch:
  *  - the stored K and V rows equal kvt_seq_read_kv byte for byte;
  *  - each page's metadata, widened to f32, equals kvt_seq_page_meta_get bit for
  *    bit, and the f32 accumulators equal the CPU's (kvt__seq internals);
@@ -140,7 +141,7 @@ static void run_case(const cfg *c, uint64_t seed)
         Tmax = tot > Tmax ? tot : Tmax;
     }
     const uint32_t maxp = (Tmax + P - 1) / P + 1;
-    const uint64_t bb = 2ull * P * D * pe, mb = 3ull * D * pe;
+    const uint64_t bb = 2ull * P * D * pe, mb = 3ull * D * pe, row = (uint64_t)D * pe;
 
     /* The CPU pool. */
     kvt_pool_opts o = tu_opts(1, H, H, D, P, c->pdt, (uint64_t)S * H * maxp + 4, 0);
@@ -267,6 +268,7 @@ static void run_case(const cfg *c, uint64_t seed)
         a.block_bytes = bb;
         a.d_meta_base = d_meta;
         a.meta_bytes = mb;
+        a.meta_slots = nslot;
         a.d_acc = d_acc;
         a.max_tokens = c->hint == 0 ? 0 : c->hint == 1 ? chunk_max
                                                          : (chunk_max > 1 ? chunk_max / 2 : 0);
@@ -318,14 +320,16 @@ static void run_case(const cfg *c, uint64_t seed)
                                 fail_msg("block of seq %u head %u page %u: byte %zu written "
                                          "past the tokens", s, h, pg, x);
                     TU_OK(kvt_seq_page_meta_get(pool, ids[s], 0, h, pg, mn, mx, me));
-                    const uint8_t *ms = meta + m * mb;
+                    /* Plane 1: min and max rows; plane 2: the mean row. */
+                    const uint8_t *ms = meta + m * 2 * row;
+                    const uint8_t *mmean = meta + (uint64_t)nslot * 2 * row + m * row;
                     for (uint32_t d = 0; d < D; d++) {
                         const float gmin = widen(ms, c->pdt, d), gmax = widen(ms, c->pdt, D + d);
                         if (isnan(gmin) || isnan(gmax))
                             fail_msg("seq %u head %u page %u dim %u: NaN bound", s, h, pg, d);
                         expect_f32(mn[d], gmin, 0, "min", s, h, pg, d);
                         expect_f32(mx[d], gmax, 0, "max", s, h, pg, d);
-                        expect_f32(me[d], widen(ms, c->pdt, 2u * D + d), 1, "mean", s, h, pg, d);
+                        expect_f32(me[d], widen(mmean, c->pdt, d), 1, "mean", s, h, pg, d);
                     }
                 }
                 if (T[s]) { /* the open page's accumulators */
@@ -342,9 +346,13 @@ static void run_case(const cfg *c, uint64_t seed)
                 if (arena[b * bb + x] != PATTERN)
                     fail_msg("unused block %u written (byte %llu)", b, (unsigned long long)x);
         for (uint32_t m = 0; m < nslot; m++)
-            for (uint64_t x = 0; !slot_used[m] && x < mb; x++)
-                if (meta[m * mb + x] != PATTERN)
-                    fail_msg("unused metadata slot %u written", m);
+            for (uint64_t x = 0; !slot_used[m] && x < mb; x++) {
+                const uint64_t at = x < 2 * row ? (uint64_t)m * 2 * row + x
+                                                : (uint64_t)nslot * 2 * row + m * row + x - 2 * row;
+                if (meta[at] != PATTERN)
+                    fail_msg("unused metadata slot %u written (%s plane)", m,
+                             x < 2 * row ? "min / max" : "mean");
+            }
         free(blk_used);
         free(slot_used);
         kvt__cu_free(d_k);
@@ -444,6 +452,7 @@ static void test_bad_args(void **state)
     ok.d_dev_base = ok.d_meta_base = dummy;
     ok.block_bytes = 2 * 16 * 64 * 2;
     ok.meta_bytes = 3 * 64 * 2;
+    ok.meta_slots = 2;
     ok.d_acc = (float *)dummy;
     kvt__cu_append_args a;
 
@@ -467,6 +476,9 @@ static void test_bad_args(void **state)
     BAD(src_dtype, 4, "a->src_dtype");
     BAD(block_bytes, 2 * 16 * 64 * 2 - 1, "a->block_bytes");
     BAD(meta_bytes, 3 * 64 * 2 - 2, "a->meta_bytes");
+    BAD(meta_bytes, 3 * 64 * 2 + 16, "a->meta_bytes"); /* the planes have no padding */
+    BAD(meta_bytes, 3 * 64 * 4, "a->meta_bytes");      /* f32's rows for an f16 pool */
+    BAD(meta_slots, 0, "a->meta_slots");
     BAD(n_items, 0x80000000u, "a->n_items");
     BAD(d_items, NULL, "a->d_items");
     BAD(d_k, NULL, "a->d_k");

@@ -302,22 +302,29 @@ static void fx_append(fx *f, uint32_t layer, const float *k, const float *v)
                 ((size_t)i * N_KV_HEADS + h) * HEAD_DIM, 0, tidx(i, lh, 0),
                 ((size_t)i * LH + lh) * 3 * HEAD_DIM, f->s[i]->n_tokens[layer] - 1, 1};
         }
-    kvt__cu_append_args a = {f->h_app, NS * N_KV_HEADS, HEAD_DIM, PAGE_TOKENS,
-                             KVT_DTYPE_F16, KVT_DTYPE_F32,
-                             f->d_kv, f->d_kv + rows, f->d_devtab, f->d_metatab,
-                             f->d_dev, f->bb, f->d_meta, f->p->meta.block_bytes, f->d_acc, 1};
+    kvt__cu_append_args a = {
+        .d_items = f->h_app, .n_items = NS * N_KV_HEADS, .D = HEAD_DIM, .P = PAGE_TOKENS,
+        .dtype = KVT_DTYPE_F16, .src_dtype = KVT_DTYPE_F32, .d_k = f->d_kv, .d_v = f->d_kv + rows,
+        .d_dev_table = f->d_devtab, .d_meta_table = f->d_metatab, .d_dev_base = f->d_dev,
+        .block_bytes = f->bb, .d_meta_base = f->d_meta, .meta_bytes = f->p->meta.block_bytes,
+        .meta_slots = f->p->meta.n_blocks, .d_acc = f->d_acc, .max_tokens = 1};
     CU_OK(kvt__cu_append(&a, f->stream));
     CU_OK(kvt__cu_stream_sync(f->stream));
-    /* The metadata of each appended page is the CPU's, bit for bit. */
-    const uint64_t mb = f->p->meta.block_bytes;
-    uint8_t *m = malloc(mb);
+    /* The metadata of each appended page is the CPU's, bit for bit: its min
+     * and max rows (plane 1 of the store) and its mean row (plane 2), at the
+     * same offsets in the GPU's copy of the store as in the pool's. */
+    const size_t row = kvt__meta_row(f->p);
+    const uint8_t *base = f->p->meta.base;
+    uint8_t *m = malloc(3 * row);
     for (uint32_t i = 0; i < NS; i++)
         for (uint32_t h = 0; h < N_KV_HEADS; h++) {
             const kvt__seq *s = f->s[i];
             const uint32_t lh = layer * N_KV_HEADS + h, pg = (s->n_tokens[layer] - 1) / PAGE_TOKENS;
             const uint32_t slot = s->meta_slot[(size_t)lh * s->cap_pages + pg];
-            CU_OK(kvt__cu_memcpy(m, f->d_meta + (size_t)slot * mb, mb));
-            if (memcmp(m, kvt__arena_block(&f->p->meta, slot), mb) != 0)
+            const uint8_t *mm = kvt__meta_mm(f->p, slot), *mean = kvt__meta_mean(f->p, slot);
+            CU_OK(kvt__cu_memcpy(m, f->d_meta + (mm - base), 2 * row));
+            CU_OK(kvt__cu_memcpy(m + 2 * row, f->d_meta + (mean - base), row));
+            if (memcmp(m, mm, 2 * row) != 0 || memcmp(m + 2 * row, mean, row) != 0)
                 fail_msg("layer %u seq %u head %u page %u: GPU metadata differs", layer, i, h, pg);
         }
     free(m);
@@ -342,9 +349,12 @@ static uint32_t fx_select(fx *f, kvt_step *st, uint32_t layer, const float *q,
             f->h_tk[n] = (kvt__cu_topk_item){(size_t)n * CAP, (size_t)n * CAP, np, T,
                                              hi.top_k_pages, hi.sink_pages, hi.local_pages, 0};
         }
-    kvt__cu_score_args sa = {f->h_sc, n, GQA_GROUP, HEAD_DIM, KVT_DTYPE_F16, KVT_SCORE_MINMAX,
-                             KVT_VOTE_SUM, 1.0f, CAP, f->d_q, f->d_metatab, f->d_meta,
-                             f->p->meta.block_bytes, f->d_vote};
+    kvt__cu_score_args sa = {
+        .d_items = f->h_sc, .n_items = n, .G = GQA_GROUP, .D = HEAD_DIM, .dtype = KVT_DTYPE_F16,
+        .method = KVT_SCORE_MINMAX, .vote = KVT_VOTE_SUM, .vote_scale = 1.0f, .max_pages = CAP,
+        .d_q = f->d_q, .d_meta_table = f->d_metatab, .d_meta_base = f->d_meta,
+        .meta_bytes = f->p->meta.block_bytes, .meta_slots = f->p->meta.n_blocks,
+        .d_vote = f->d_vote};
     CU_OK(kvt__cu_score(&sa, f->stream));
     kvt__cu_topk_args ta = {f->h_tk, n, PAGE_TOKENS, CAP, f->d_vote, f->d_sel, f->d_nsel, f->d_topk,
                             f->d_ntopk};

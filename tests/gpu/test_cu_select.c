@@ -5,7 +5,8 @@
  * (appended with kvt_seq_append, NaN keys and keys past f16's range
  * included, so boxes open to +-inf) and kvt_selector_select returns the voted score
  * of every page; the kernel reads the same metadata (kvt_seq_page_meta_get, laid
- * out here in shuffled device slots) for every method x vote, G from 1 to
+ * out here in shuffled device slots of a two-plane store - min and max rows,
+ * then mean rows - whose unused bytes are NaN) for every method x vote, G from 1 to
  * 40 (register tiles of 8 heads, queries staged in shared memory or read
  * from global memory when they do not fit), D in {64, 128, 40, 512}, every
  * dtype, P in {16, 32, 8}, page counts including 0, 1 and partial last pages.
@@ -112,8 +113,11 @@ static void run_score(const score_cfg *c, uint64_t seed)
         free(v);
     }
 
-    /* Metadata in shuffled device slots, slot size padded to 16 bytes more. */
-    const uint64_t mb = 3ull * D * pe + 16;
+    /* Metadata in shuffled device slots of the two-plane store (kvt_cuda.h):
+     * slot m's min and max rows at m * 2 row, its mean row at nslot * 2 row +
+     * m * row. Everything else is NaN (all-ones bits in every dtype), so a
+     * read of the wrong plane or slot shows in the votes. */
+    const uint64_t mb = 3ull * D * pe, row = (uint64_t)D * pe;
     const uint32_t nent = S * H * (maxp + 1), nslot = nent + 1;
     uint32_t *tab = malloc(nent * 4), *perm = malloc(nslot * 4);
     for (uint32_t i = 0; i < nslot; i++)
@@ -125,7 +129,8 @@ static void run_score(const score_cfg *c, uint64_t seed)
     }
     for (uint32_t i = 0; i < nent; i++)
         tab[i] = perm[i];
-    uint8_t *meta = calloc(nslot, mb);
+    uint8_t *meta = malloc((size_t)nslot * mb);
+    memset(meta, 0xff, (size_t)nslot * mb);
     float *mn = malloc(D * 4), *mx = malloc(D * 4), *me = malloc(D * 4);
     /* Per (seq, head, page): f32 rows for the double reference. */
     float *rows = malloc((size_t)S * H * (maxp + 1) * 3 * D * 4);
@@ -134,11 +139,12 @@ static void run_score(const score_cfg *c, uint64_t seed)
             for (uint32_t pg = 0; pg < pages_of(T[s], P); pg++) {
                 const size_t e = (size_t)(s * H + h) * (maxp + 1) + pg;
                 TU_OK(kvt_seq_page_meta_get(pool, ids[s], 0, h, pg, mn, mx, me));
-                uint8_t *m = meta + tab[e] * mb;
+                uint8_t *m = meta + tab[e] * 2 * row;
+                uint8_t *mmean = meta + (uint64_t)nslot * 2 * row + tab[e] * row;
                 for (uint32_t d = 0; d < D; d++) {
                     put_dt(m, c->dt, d, mn[d]);
                     put_dt(m, c->dt, D + d, mx[d]);
-                    put_dt(m, c->dt, 2 * D + d, me[d]);
+                    put_dt(mmean, c->dt, d, me[d]);
                 }
                 memcpy(rows + e * 3 * D, mn, D * 4);
                 memcpy(rows + e * 3 * D + D, mx, D * 4);
@@ -218,6 +224,7 @@ static void run_score(const score_cfg *c, uint64_t seed)
             a.d_meta_table = d_tab;
             a.d_meta_base = d_meta;
             a.meta_bytes = mb;
+            a.meta_slots = nslot;
             a.d_vote = d_vote;
             assert_int_equal(kvt__cu_score_workspace_bytes(&a), 0);
             TU_OK(kvt__cu_score(&a, stream));
@@ -462,7 +469,7 @@ static void run_keys(const key_cfg *c, uint64_t seed)
     const kvt_dtype dt = c->dt;
     const size_t pe = kvt_dtype_size(dt), row = (size_t)D * pe;
     const uint64_t bb = 2ull * P * row + 16; /* blocks padded to 16 bytes more */
-    const uint64_t mb = 3ull * D * pe + 16;
+    const uint64_t mb = 3ull * row; /* the two-plane store: no padding */
     uint32_t *T = calloc(S, sizeof *T), maxp = 0, npages = 0;
     for (uint32_t s = 0; s < S; s++) {
         const uint32_t full = tu_below(&r, c->max_full + 1);
@@ -526,8 +533,9 @@ static void run_keys(const key_cfg *c, uint64_t seed)
                     put_bits(blk, dt, t, kbits[t]);
                 continue;
             }
-            /* Away: the bound's metadata, the exact extremes (mean row NaN). */
-            uint8_t *m = meta + mtab[te] * mb;
+            /* Away: the bound's metadata, the exact extremes in plane 1 (the
+             * mean row in plane 2 stays NaN). */
+            uint8_t *m = meta + mtab[te] * 2 * row;
             for (uint32_t d = 0; d < D; d++) {
                 uint32_t lo = d, hi = d;
                 for (uint32_t t = 1; t < ntok; t++) {
@@ -700,6 +708,7 @@ static void run_keys(const key_cfg *c, uint64_t seed)
                 a.d_meta_table = d_mtab;
                 a.d_meta_base = d_meta;
                 a.meta_bytes = mb;
+                a.meta_slots = nslot;
                 a.d_vote = d_vote;
                 kvt__cu_score_keys k = {0};
                 k.d_dev_table = d_dtab;
@@ -1116,6 +1125,7 @@ static void test_bad_args(void **state)
     ok.d_meta_table = (const uint32_t *)dummy;
     ok.d_meta_base = dummy;
     ok.meta_bytes = 3 * 128 * 2;
+    ok.meta_slots = 2;
     ok.d_vote = (float *)dummy;
     kvt__cu_score_args a;
     TU_EXPECT_ERR(kvt__cu_score(NULL, NULL), KVT_EINVAL, "a");
@@ -1139,6 +1149,9 @@ static void test_bad_args(void **state)
     BAD(vote_scale, NAN, "a->vote_scale");
     BAD(meta_bytes, 3 * 128 * 2 - 16, "a->meta_bytes");
     BAD(meta_bytes, 3 * 128 * 2 + 8, "a->meta_bytes");
+    BAD(meta_bytes, 3 * 128 * 2 + 48, "a->meta_bytes"); /* the planes have no padding */
+    BAD(meta_bytes, 3 * 128 * 4, "a->meta_bytes");      /* f32's rows for an f16 pool */
+    BAD(meta_slots, 0, "a->meta_slots");
     BAD(n_items, 0x80000000u, "a->n_items");
     BAD(d_items, NULL, "a->d_items");
     BAD(d_q, NULL, "a->d_q");
