@@ -442,10 +442,11 @@ static void test_shapes_long(void **state)
         c.dt = 1 + pi % 3;
         c.n_threads = 2;
         c.n_seqs = 2;
-        c.len[0][0] = 70 * c.P + 3; /* 71 pages: three chunks */
-        c.len[1][0] = 33 * c.P;
-        if (c.len[0][0] * c.D * c.G > 4000000u) {
-            c.len[0][0] = 4000000u / (c.D * c.G) + 1;
+        /* 271 pages: three decode chunks of KVT__CHUNK_PAGES (128) */
+        c.len[0][0] = 270 * c.P + 3;
+        c.len[1][0] = 130 * c.P;
+        if (c.len[0][0] * c.D * c.G > 12000000u) {
+            c.len[0][0] = 12000000u / (c.D * c.G) + 1;
             c.len[1][0] = c.len[0][0] / 2;
         }
         kvt_seq_id ids[MAXS];
@@ -455,7 +456,7 @@ static void test_shapes_long(void **state)
         random_mode(&m, &c, &r, 0);
         run_and_check(p, ids, &c, &m, q, NULL, NULL, "long");
         random_mode(&m, &c, &r, 1);
-        m.K[0] = 40; /* more than one chunk of selected pages */
+        m.K[0] = 140; /* more than one chunk of selected pages */
         run_and_check(p, ids, &c, &m, q, NULL, NULL, "long");
         free(q);
         kvt_pool_destroy(p);
@@ -517,7 +518,7 @@ static void test_thread_independence(void **state)
     c.P = 16;
     c.dt = KVT_DTYPE_F16;
     c.n_seqs = 4;
-    const uint32_t lens[4] = {1100, 517, 0, 64};
+    const uint32_t lens[4] = {2300, 517, 0, 64}; /* 144 pages: two decode chunks */
     for (uint32_t i = 0; i < 4; i++)
         for (uint32_t l = 0; l < 2; l++)
             c.len[i][l] = lens[i] - (l && lens[i] ? 1 : 0);
@@ -532,7 +533,7 @@ static void test_thread_independence(void **state)
             random_mode(&m, &c, &r, sparse);
             m.method = KVT_SCORE_MINMAX;
             m.vote = KVT_VOTE_SOFTVOTE;
-            m.K[0] = 45; /* > one chunk */
+            m.K[0] = 135; /* > one chunk (128 pages) */
             m.K[1] = 7;
             float *out0 = malloc(qn * sizeof *out0), *lse0 = malloc(ln * sizeof *lse0);
             float *out1 = malloc(qn * sizeof *out1), *lse1 = malloc(ln * sizeof *lse1);

@@ -109,7 +109,7 @@ KVT__HIDDEN size_t kvt__step_carve(kvt_step *st, const kvt__step_sizes *z, void 
 
 /* Pages per decode task. Fixed, so that the split (and the floating-point
  * merge order) depends on the selection only, never on the thread count.
- * 128 (2 MiB of f16 K/V at D 128, P 16): fewer tasks to start and merge
+ * 128 (1 MiB of f16 K/V at D 128, P 16): fewer tasks to start and merge
  * than 32 (dense decode ~7% faster, measured). */
 #define KVT__CHUNK_PAGES 128u
 /* Pages per task of the score pass (select.c). */
