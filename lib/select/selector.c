@@ -439,15 +439,20 @@ void kvt__sel_qmean(const float *q, uint32_t G, uint32_t nn, size_t qstride, uin
 
 /* ---- the selection rule ----------------------------------------------- */
 /* Page i's key: larger ranks first (higher vote, then lower index). The
- * vote's bits, made monotonic as an unsigned integer (votes are never NaN;
- * -0 is +0 first, as the comparison v[a] > v[b] sees them), above the
- * complement of the index: one integer compare per step of the selection,
- * no lookup of the vote through an index. */
+ * vote's bits, made monotonic as an unsigned integer, above the complement
+ * of the index: one integer compare per step of the selection, no lookup of
+ * the vote through an index. -0 is +0 (as the comparison v[a] > v[b] sees
+ * them; in integer arithmetic, so no flush-to-zero mode touches the vote),
+ * and a NaN (step votes never are; the warm-up's sums of opposite
+ * infinities can be) ranks as +inf, as a NaN score does in the votes. */
 static inline uint64_t kvt__vkey(float v, uint32_t i)
 {
-    v += 0.0f;
     uint32_t u;
     memcpy(&u, &v, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) /* NaN */
+        u = 0x7f800000u;
+    else if (u == 0x80000000u) /* -0 */
+        u = 0;
     u = (u & 0x80000000u) ? ~u : u | 0x80000000u;
     return (uint64_t)u << 32 | (uint32_t)~i;
 }
