@@ -153,15 +153,8 @@ int kvt__cu_append(const kvt__cu_append_args *a, void *stream)
         return kvt__err(KVT_EINVAL, "a->block_bytes: %llu is below 2 * P * D * %llu = %llu",
                         (unsigned long long)a->block_bytes, (unsigned long long)elem,
                         (unsigned long long)(2ull * a->P * a->D * elem));
-    // The store's two planes have no room for padding: rows are D * elem
-    // bytes apart (kvt_cuda.h).
-    if (a->meta_bytes != 3ull * a->D * elem)
-        return kvt__err(KVT_EINVAL, "a->meta_bytes: %llu is not 3 * D * %llu = %llu",
-                        (unsigned long long)a->meta_bytes, (unsigned long long)elem,
-                        (unsigned long long)(3ull * a->D * elem));
-    if (a->meta_slots == 0)
-        return kvt__err(KVT_EINVAL, "a->meta_slots: must not be 0 (the slots of the metadata "
-                        "store)");
+    if (int rc = kvt_meta_check(a->D, a->dtype, a->meta_bytes, a->meta_slots))
+        return rc;
     if (a->n_items == 0)
         return 0;
     static const char *const names[] = {"a->d_items",    "a->d_k",         "a->d_v",

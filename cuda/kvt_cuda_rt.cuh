@@ -246,6 +246,24 @@ KVT_HD void kvt_store(void *p, uint64_t i, kvt_dtype dt, float f, int mode)
 }
 KVT_HD uint32_t kvt_dtype_bytes(kvt_dtype dt) { return dt == KVT_DTYPE_F32 ? 4u : 2u; }
 
+// A launcher's check of the metadata store it is given (a->meta_bytes,
+// a->meta_slots): the two planes (kvt_cuda.h) have no room for padding, rows
+// are D * elem bytes apart (a multiple of 16 for D % 8 == 0, so rows stay
+// 16-byte aligned with d_meta_base), and the store has slots.
+static inline int kvt_meta_check(uint32_t D, kvt_dtype dt, uint64_t meta_bytes,
+                                 uint32_t meta_slots)
+{
+    const uint64_t elem = kvt_dtype_bytes(dt);
+    if (meta_bytes != 3ull * D * elem)
+        return kvt__err(KVT_EINVAL, "a->meta_bytes: %llu is not 3 * D * %llu = %llu",
+                        (unsigned long long)meta_bytes, (unsigned long long)elem,
+                        (unsigned long long)(3ull * D * elem));
+    if (meta_slots == 0)
+        return kvt__err(KVT_EINVAL, "a->meta_slots: must not be 0 (the slots of the metadata "
+                        "store)");
+    return 0;
+}
+
 // A launcher's required pointer argument a->field.
 #define KVT_CU_NEED(a, field)                                                         \
     do {                                                                              \

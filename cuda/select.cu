@@ -803,16 +803,8 @@ int kvt__cu_score_ex(const kvt__cu_score_args *a, const kvt__cu_score_keys *k, v
     if (a->n_items > 0x7fffffffu)
         return kvt__err(KVT_EINVAL, "a->n_items: %u is above 2^31 - 1", a->n_items);
     const uint64_t elem = kvt_dtype_bytes(a->dtype);
-    // The store's two planes have no room for padding: rows are D * elem
-    // bytes apart, a multiple of 16 (D % 8 == 0), so with d_meta_base
-    // 16-byte aligned every row is (kvt_cuda.h).
-    if (a->meta_bytes != 3ull * a->D * elem)
-        return kvt__err(KVT_EINVAL, "a->meta_bytes: %llu is not 3 * D * %llu = %llu",
-                        (unsigned long long)a->meta_bytes, (unsigned long long)elem,
-                        (unsigned long long)(3ull * a->D * elem));
-    if (a->meta_slots == 0)
-        return kvt__err(KVT_EINVAL, "a->meta_slots: must not be 0 (the slots of the metadata "
-                        "store)");
+    if (int rc = kvt_meta_check(a->D, a->dtype, a->meta_bytes, a->meta_slots))
+        return rc;
     kvt__cu_score_keys kk = {};
     if (keyed) {
         if (!k)

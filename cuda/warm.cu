@@ -352,16 +352,8 @@ int kvt__cu_warm(const kvt__cu_warm_args *a, void *stream)
         return kvt__err(KVT_EINVAL, "a->G, a->D: must not be 0");
     if (a->dtype != KVT_DTYPE_F16 && a->dtype != KVT_DTYPE_BF16 && a->dtype != KVT_DTYPE_F32)
         return kvt__err(KVT_EINVAL, "a->dtype: %u is not F16, BF16 or F32", a->dtype);
-    // The store's two planes have no room for padding: rows are D * elem
-    // bytes apart (kvt_cuda.h).
-    const uint64_t elem = kvt_dtype_bytes(a->dtype);
-    if (a->meta_bytes != 3ull * a->D * elem)
-        return kvt__err(KVT_EINVAL, "a->meta_bytes: %llu is not 3 * D * %llu = %llu",
-                        (unsigned long long)a->meta_bytes, (unsigned long long)elem,
-                        (unsigned long long)(3ull * a->D * elem));
-    if (a->meta_slots == 0)
-        return kvt__err(KVT_EINVAL, "a->meta_slots: must not be 0 (the slots of the metadata "
-                        "store)");
+    if (int rc = kvt_meta_check(a->D, a->dtype, a->meta_bytes, a->meta_slots))
+        return rc;
     const uint64_t R = (uint64_t)a->n_obs * a->G, W = kvt_wm_width(a);
     if (R > 0x7fffffffu || (uint64_t)a->n_pages * W > 0x7fffffffu || R * W > 0x7fffffffu ||
         R * a->n_pages > 0x7fffffffu || R * a->n_heads > 0x7fffffffu || a->n_heads > 65535u)
