@@ -49,9 +49,10 @@ static void test_random_buffers(void **state)
         }
 }
 
-/* Buffers past three 4 KiB blocks (the three-stream path of the hardware
- * CRC): lengths around the block multiples, every alignment, split at
- * random points, against the bitwise reference. */
+/* Buffers past three 512 B or three 4 KiB blocks (the three-stream paths
+ * of the hardware CRC): lengths around the block multiples (an 8 KiB page,
+ * both sizes in one buffer), every alignment, split at random points,
+ * against the bitwise reference. */
 static void test_large_buffers(void **state)
 {
     (void)state;
@@ -60,8 +61,10 @@ static void test_large_buffers(void **state)
     uint8_t *buf = malloc(cap);
     for (size_t i = 0; i < cap; i++)
         buf[i] = (uint8_t)tu_next(&r);
-    const size_t lens[] = {3 * 4096 - 1, 3 * 4096, 3 * 4096 + 1, 3 * 4096 + 7, 6 * 4096 - 8,
-                           6 * 4096, 6 * 4096 + 13, 9 * 4096, 9 * 4096 + 40};
+    const size_t lens[] = {3 * 512 - 1, 3 * 512, 3 * 512 + 9, 6 * 512 + 511, 8192, 8192 + 3,
+                           3 * 4096 - 1, 3 * 4096, 3 * 4096 + 1, 3 * 4096 + 7, 6 * 4096 - 8,
+                           6 * 4096, 6 * 4096 + 13, 9 * 4096, 9 * 4096 + 40,
+                           3 * 4096 + 3 * 512, 3 * 4096 + 5 * 512 + 100};
     for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++)
         for (size_t off = 0; off < 8; off++) {
             const size_t n = lens[li];
