@@ -147,6 +147,9 @@ typedef struct kvt__iou {
     uint32_t n_ops;
     bool write;
     uint32_t buf;              /* staging buffer index */
+    uint8_t *direct;           /* a read straight into its blocks: the first one
+                                  (NULL: through the staging buffer) */
+    uint32_t reg;              /* fixed-buffer index of `direct` */
     uint64_t off;
     uint32_t len, done;
     uint32_t retries;
@@ -200,6 +203,12 @@ struct kvt_mover {
     kvt__iou **done_units;              /* [n_units] completed, not yet checked */
     void *io_cs;                        /* CUDA pools: the I/O thread's copier */
     bool stage_pinned;                  /* CUDA pools: stage registered with CUDA */
+    /* Reads straight into host-memory arenas (uring.c): each arena's blocks
+     * in chunks, registered as fixed buffers when a read first lands in
+     * one. chunk_state: 0 not yet, 1 registered, 2 refused. */
+    uint32_t reg_base[KVT_NUM_TIERS];   /* first fixed-buffer index; 0: none */
+    uint32_t chunk_blocks[KVT_NUM_TIERS];
+    uint8_t *chunk_state[KVT_NUM_TIERS];
     /* Caller-thread state. */
     kvt__batch *batches;
     kvt__batch **batches_tail;
