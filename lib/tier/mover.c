@@ -232,6 +232,11 @@ int kvt__mover_create(kvt_pool *p, const kvt_mover_opts *o)
         m->evict_scratch = malloc(n * 16u);
         if (!m->evict_scratch)
             return kvt__err(KVT_ENOMEM, "mover: cannot allocate the eviction scratch");
+        if (p->disk) {
+            int rc = kvt__hlru_init(&m->hlru, (uint32_t)n);
+            if (rc)
+                return rc;
+        }
     }
     m->copy_th = calloc(o->copy_threads, sizeof *m->copy_th);
     if (!m->copy_th)
@@ -288,6 +293,7 @@ void kvt__mover_destroy(kvt_mover *m)
     }
     free(m->copy_th);
     free(m->evict_scratch);
+    kvt__hlru_fini(&m->hlru);
     free(m);
 }
 
@@ -319,6 +325,8 @@ void kvt__page_drop(kvt_pool *p, kvt__seq *s, size_t e, uint32_t tier)
         kvt__arena_free(&p->tier[KVT_TIER_DEVICE], s->dev_block[e]);
         kvt__page_dev(p, s, lh, page, 0);
     } else if (tier == KVT_TIER_HOST) {
+        if (p->mover && p->mover->hlru.n)
+            kvt__hlru_unlink(&p->mover->hlru, s->host_block[e]);
         p->host_owner[s->host_block[e]].slot = UINT32_MAX;
         kvt__arena_free(&p->tier[KVT_TIER_HOST], s->host_block[e]);
         kvt__page_host(p, s, lh, page, 0);
@@ -380,6 +388,7 @@ static void kvt__apply_op(kvt_mover *m, kvt__op *op)
     op->dst_blk = 0;
     kvt__page_res(p, s, op->lh, op->page, KVT__RES_BUSY | KVT__RES_INBOUND, 0);
     s->tier.busy--;
+    kvt__host_file(p, s, e); /* a new host copy, a new disk copy, or no longer busy */
     if (op->to == KVT_TIER_DEVICE)
         s->tier.reloading--;
     m->moves_in_flight--;

@@ -22,81 +22,113 @@ typedef struct {
 static int kvt__cand_cmp(const void *pa, const void *pb)
 {
     const kvt__cand *a = pa, *b = pb;
-    if (a->imp != b->imp)
-        return a->imp < b->imp ? -1 : 1;
+    const uint32_t ka = kvt__hlru_key(a->imp), kb = kvt__hlru_key(b->imp);
+    if (ka != kb)
+        return ka < kb ? -1 : 1;
     if (a->use != b->use) /* older first; the clock may wrap, compare by distance */
         return (int32_t)(a->use - b->use) < 0 ? -1 : 1;
     return a->blk < b->blk ? -1 : a->blk > b->blk;
 }
 
-/* Moves the k smallest of c[0..n) to the front, in O(n) on average
- * (quickselect; candidates are distinct, block ids break every tie). */
-static void kvt__cand_select(kvt__cand *c, size_t n, size_t k)
+void kvt__host_file(kvt_pool *p, kvt__seq *s, size_t e)
 {
-    if (k == 0 || k >= n)
+    kvt_mover *m = p->mover;
+    if (!m || !m->hlru.n || !(s->res[e] & KVT_RES_HOST))
         return;
-    ptrdiff_t lo = 0, hi = (ptrdiff_t)n - 1, t = (ptrdiff_t)k - 1;
-    while (lo < hi) {
-        const kvt__cand piv = c[lo + (hi - lo) / 2];
-        ptrdiff_t i = lo, j = hi;
-        while (i <= j) {
-            while (kvt__cand_cmp(&c[i], &piv) < 0)
-                i++;
-            while (kvt__cand_cmp(&c[j], &piv) > 0)
-                j--;
-            if (i <= j) {
-                const kvt__cand tmp = c[i];
-                c[i] = c[j];
-                c[j] = tmp;
-                i++;
-                j--;
-            }
-        }
-        if (t <= j)
-            hi = j;
-        else if (t >= i)
-            lo = i;
-        else
-            break;
-    }
+    const uint32_t b = s->host_block[e];
+    if (p->host_owner[b].slot == (uint32_t)(s - p->seqs))
+        kvt__hlru_file(&m->hlru, b, s->tier.imp[e], s->tier.use[e]);
 }
 
-/* Drops host copies that the disk also holds, lowest importance first (ties:
- * least recently used), until `want` blocks are free or nothing else can go. */
+/* Pops up to `need` host copies off the lists, lowest bucket first, each
+ * validated: a block no sequence page owns leaves the lists; one whose page
+ * cannot go now (no disk copy, a move in flight) is parked until a move of
+ * the page is applied; one whose importance rose to a higher bucket, or
+ * that was used since it was filed, goes to the tail of its bucket (a
+ * second chance, as a CLOCK gives). At most 4 x need + 64 pops. Returns
+ * the pages dropped. */
+static uint32_t kvt__evict_listed(kvt_mover *m, uint32_t need)
+{
+    kvt_pool *p = m->pool;
+    kvt__hlru *l = &m->hlru;
+    uint32_t done = 0;
+    for (uint64_t budget = 4ull * need + 64u; done < need && budget; budget--) {
+        const uint32_t b = kvt__hlru_lowest(l);
+        if (b == KVT__HLRU_NIL)
+            break;
+        const kvt__owner o = p->host_owner[b];
+        if (o.slot == UINT32_MAX || o.slot == KVT__OWNER_PFX) {
+            kvt__hlru_unlink(l, b);
+            continue;
+        }
+        kvt__seq *s = &p->seqs[o.slot];
+        const size_t e = (size_t)o.lh * s->cap_pages + o.page;
+        const uint8_t r = s->res[e];
+        if (!(r & KVT_RES_HOST) || s->host_block[e] != b) {
+            kvt__hlru_unlink(l, b);
+            continue;
+        }
+        const uint32_t use = s->tier.use[e];
+        if ((r & KVT__RES_BUSY) || !(r & KVT_RES_DISK)) {
+            kvt__hlru_park(l, b, use);
+            continue;
+        }
+        const float imp = s->tier.imp[e];
+        if (kvt__hlru_bucket(imp) > l->bk[b] || use != l->fuse[b]) {
+            kvt__hlru_file(l, b, imp, use);
+            continue;
+        }
+        kvt__page_drop(p, s, e, KVT_TIER_HOST); /* unlinks b */
+        m->evictions++;
+        done++;
+    }
+    return done;
+}
+
+/* The lists' fallback and rebuild: every host copy that the disk also holds
+ * and no move has in flight, sorted by (importance, least recently used,
+ * block), is filed afresh, the rest parked. O(host blocks log). */
+static void kvt__evict_rebuild(kvt_mover *m)
+{
+    kvt_pool *p = m->pool;
+    const kvt__arena *a = &p->tier[KVT_TIER_HOST];
+    kvt__cand *c = m->evict_scratch;
+    size_t n = 0;
+    for (uint32_t b = 1; b < a->n_blocks; b++) {
+        const kvt__owner *o = &p->host_owner[b];
+        if (o->slot == UINT32_MAX || o->slot == KVT__OWNER_PFX) {
+            kvt__hlru_unlink(&m->hlru, b);
+            continue;
+        }
+        const kvt__seq *s = &p->seqs[o->slot];
+        const size_t e = (size_t)o->lh * s->cap_pages + o->page;
+        const uint8_t r = s->res[e];
+        if ((r & KVT__RES_BUSY) || !(r & KVT_RES_DISK) || !(r & KVT_RES_HOST))
+            kvt__hlru_park(&m->hlru, b, s->tier.use[e]);
+        else
+            c[n++] = (kvt__cand){s->tier.imp[e], s->tier.use[e], b, 0};
+    }
+    qsort(c, n, sizeof *c, kvt__cand_cmp);
+    for (size_t i = 0; i < n; i++)
+        kvt__hlru_file(&m->hlru, c[i].blk, c[i].imp, c[i].use);
+}
+
+/* Drops host copies that the disk also holds, lowest importance first (to
+ * within 1/8 octave; then least recently used), until `want` blocks are
+ * free or nothing else can go: O(1) a page from the lists, a rebuild when
+ * they fall short. */
 static void kvt__evict_host(kvt_mover *m, uint32_t want)
 {
     kvt_pool *p = m->pool;
     kvt__arena *a = &p->tier[KVT_TIER_HOST];
     kvt__pfx_make_room(p, KVT_TIER_HOST, want); /* cached pages no sequence holds first */
-    if (!p->disk || a->n_free >= want)
+    if (!p->disk || !m->hlru.n || a->n_free >= want)
         return;
-    /* Evict in batches (at least 1/16 of the tier) so the O(n) scan is
-     * amortised over many fetches. */
     uint32_t need = want - a->n_free;
-    uint32_t batch = (a->n_blocks - 1u) / 16u;
-    if (batch < need)
-        batch = need;
-    kvt__cand *c = m->evict_scratch;
-    size_t n = 0;
-    for (uint32_t b = 1; b < a->n_blocks; b++) {
-        const kvt__owner *o = &p->host_owner[b];
-        if (o->slot == UINT32_MAX || o->slot == KVT__OWNER_PFX)
-            continue;
-        const kvt__seq *s = &p->seqs[o->slot];
-        const size_t e = (size_t)o->lh * s->cap_pages + o->page;
-        const uint8_t r = s->res[e];
-        if ((r & KVT__RES_BUSY) || !(r & KVT_RES_DISK) || !(r & KVT_RES_HOST))
-            continue;
-        c[n++] = (kvt__cand){s->tier.imp[e], s->tier.use[e], b, 0};
-    }
-    if (batch > n)
-        batch = (uint32_t)n;
-    kvt__cand_select(c, n, batch);
-    for (uint32_t i = 0; i < batch; i++) {
-        const kvt__owner o = p->host_owner[c[i].blk];
-        kvt__seq *s = &p->seqs[o.slot];
-        kvt__page_drop(p, s, (size_t)o.lh * s->cap_pages + o.page, KVT_TIER_HOST);
-        m->evictions++;
+    need -= kvt__evict_listed(m, need);
+    if (need) {
+        kvt__evict_rebuild(m);
+        kvt__evict_listed(m, need);
     }
 }
 

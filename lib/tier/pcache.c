@@ -143,8 +143,10 @@ void kvt__pfx_adopt(kvt_pool *p, kvt__seq *s, uint32_t i, size_t lh, uint32_t pa
             x->cached[t]--;
             e->cnt[t]--;
         }
-    if (x->res[k] & KVT_RES_HOST)
+    if (x->res[k] & KVT_RES_HOST) {
         p->host_owner[x->host[k]] = (kvt__owner){(uint32_t)(s - p->seqs), (uint32_t)lh, page};
+        kvt__host_file(p, s, ev); /* a sequence's page again: the host cache may drop it */
+    }
     x->dev[k] = x->host[k] = 0;
     x->res[k] = 0;
     kvt__dirty(p, s, lh, page);

@@ -171,6 +171,34 @@ typedef struct kvt__fault {
     uint64_t count;
 } kvt__fault;
 
+/* ---- the host cache's eviction order (hostlru.c) --------------------------- */
+#define KVT__HLRU_BITS 12u
+#define KVT__HLRU_NB   (1u << KVT__HLRU_BITS) /* importance buckets; NB = parked */
+#define KVT__HLRU_NIL  UINT32_MAX
+#define KVT__HLRU_NONE UINT16_MAX            /* bk[]: not listed */
+typedef struct kvt__hlru {
+    uint32_t n;                              /* host blocks */
+    uint32_t *prev, *next;                   /* [n] list links */
+    uint32_t *fuse;                          /* [n] the page's use stamp when filed */
+    uint16_t *bk;                            /* [n] bucket (NB: parked), or NONE */
+    uint32_t head[KVT__HLRU_NB + 1], tail[KVT__HLRU_NB + 1];
+    uint64_t bits[KVT__HLRU_NB / 64];        /* non-empty buckets */
+    uint64_t sum;                            /* non-zero words of bits */
+} kvt__hlru;
+KVT__HIDDEN int kvt__hlru_init(kvt__hlru *l, uint32_t n);
+KVT__HIDDEN void kvt__hlru_fini(kvt__hlru *l);
+/* Importance to an order-preserving key (-0 as +0, NaN as +inf), and to
+ * its bucket: the key's top 12 bits (1/8 octave). */
+KVT__HIDDEN uint32_t kvt__hlru_key(float imp);
+KVT__HIDDEN uint32_t kvt__hlru_bucket(float imp);
+/* Files block b at the tail of its importance's bucket (moving it if listed). */
+KVT__HIDDEN void kvt__hlru_file(kvt__hlru *l, uint32_t b, float imp, uint32_t use);
+/* Files b in the parked list: listed, but never popped. */
+KVT__HIDDEN void kvt__hlru_park(kvt__hlru *l, uint32_t b, uint32_t use);
+KVT__HIDDEN void kvt__hlru_unlink(kvt__hlru *l, uint32_t b);
+/* The head of the lowest non-empty bucket, or KVT__HLRU_NIL. */
+KVT__HIDDEN uint32_t kvt__hlru_lowest(const kvt__hlru *l);
+
 struct kvt_mover {
     kvt_pool *pool;
     kvt_mover_opts o;
@@ -215,6 +243,7 @@ struct kvt_mover {
     kvt_fence next_fence;
     uint64_t batches_in_flight, moves_in_flight;
     void *evict_scratch;
+    kvt__hlru hlru;                     /* host blocks by eviction order */
     /* Counters (written under mu by the threads, or by the caller). */
     uint64_t disk_reads, disk_writes, disk_read_bytes, disk_write_bytes;
     uint64_t retries, short_io, io_errors, checksum_errors, evictions;
@@ -307,6 +336,10 @@ KVT__HIDDEN int kvt__place_recycle_head(kvt_pool *p, kvt__seq *s, kvt_seq_id id,
                                         uint32_t *pmdst, int32_t *pmres, size_t cap,
                                         uint32_t *n_pm);
 
+/* Files page e's host block (when it has one that s owns) in the host
+ * cache's eviction lists: after a move of the page is applied, or when a
+ * cached page is adopted (hostlru.c, mover_submit.c). */
+KVT__HIDDEN void kvt__host_file(kvt_pool *p, kvt__seq *s, size_t e);
 /* Drops the copy of page e of s in `tier` (another copy exists). */
 KVT__HIDDEN void kvt__page_drop(kvt_pool *p, kvt__seq *s, size_t e, uint32_t tier);
 /* Whether another holder of the shared page (s, lh, page) needs its device
