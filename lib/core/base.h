@@ -88,6 +88,9 @@ KVT__HIDDEN uint32_t kvt__cpu_features(void);
  * always the table version (tests compare the two). */
 KVT__HIDDEN uint32_t kvt__crc32c(uint32_t crc, const void *buf, size_t n);
 KVT__HIDDEN uint32_t kvt__crc32c_sw(uint32_t crc, const void *buf, size_t n);
+/* Copies n bytes src -> dst (not overlapping) and returns CRC32C(0, src):
+ * the data is read once, for a check of what was copied. */
+KVT__HIDDEN uint32_t kvt__crc32c_copy(void *dst, const void *src, size_t n);
 
 /* ---- element conversion (convert.c) ------------------------------------- */
 typedef enum { KVT__RN = 0, KVT__RD = 1, KVT__RU = 2 } kvt__round;

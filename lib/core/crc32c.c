@@ -96,11 +96,14 @@ static inline uint32_t kvt__crc_shift(const uint32_t (*t)[256], uint32_t c)
 }
 
 /* Three streams over blocks of `blk` bytes while 3 x blk remain; `blk` is a
- * constant at each (inlined) call. */
+ * constant at each (inlined) call. With `dst` the words read are stored
+ * there too (NULL: checked only; a constant, so the stores fold away). */
 __attribute__((target("sse4.2"), always_inline)) static inline uint64_t
-kvt__crc3(uint64_t c, const uint8_t **pp, size_t *np, size_t blk, const uint32_t (*t)[256])
+kvt__crc3(uint64_t c, const uint8_t **pp, uint8_t **dp, size_t *np, size_t blk,
+          const uint32_t (*t)[256])
 {
     const uint8_t *p = *pp;
+    uint8_t *q = dp ? *dp : NULL;
     size_t n = *np;
     while (n >= 3u * blk) {
         uint64_t c1 = 0, c2 = 0;
@@ -112,53 +115,71 @@ kvt__crc3(uint64_t c, const uint8_t **pp, size_t *np, size_t blk, const uint32_t
             c = __builtin_ia32_crc32di(c, w0);
             c1 = __builtin_ia32_crc32di(c1, w1);
             c2 = __builtin_ia32_crc32di(c2, w2);
+            if (dp) {
+                memcpy(q + i, &w0, 8);
+                memcpy(q + blk + i, &w1, 8);
+                memcpy(q + 2u * blk + i, &w2, 8);
+            }
         }
         c = kvt__crc_shift(t, kvt__crc_shift(t, (uint32_t)c) ^ (uint32_t)c1) ^ (uint32_t)c2;
         p += 3u * blk;
+        if (dp)
+            q += 3u * blk;
         n -= 3u * blk;
     }
     *pp = p;
+    if (dp)
+        *dp = q;
     *np = n;
     return c;
 }
 
-__attribute__((target("sse4.2"))) static uint32_t kvt__crc32c_hw(uint32_t crc, const void *buf,
-                                                                 size_t n)
+__attribute__((target("sse4.2"), always_inline)) static inline uint32_t
+kvt__crc32c_hw_impl(uint32_t crc, const void *buf, size_t n, uint8_t *dst)
 {
     const uint8_t *p = buf;
+    uint8_t **dp = dst ? &dst : NULL;
     uint64_t c = ~crc;
     while (n && ((uintptr_t)p & 7u)) {
+        if (dst)
+            *dst++ = *p;
         c = __builtin_ia32_crc32qi((uint32_t)c, *p++);
         n--;
     }
     if (n >= 3u * KVT__CRC_BLK_S) {
         pthread_once(&kvt__crc_shift_once, kvt__crc_shift_build);
-        c = kvt__crc3(c, &p, &n, KVT__CRC_BLK, kvt__crc_shift_tab[0]);
-        c = kvt__crc3(c, &p, &n, KVT__CRC_BLK_S, kvt__crc_shift_tab[1]);
-    }
-    while (n >= 32) {
-        uint64_t w0, w1, w2, w3;
-        memcpy(&w0, p, 8);
-        memcpy(&w1, p + 8, 8);
-        memcpy(&w2, p + 16, 8);
-        memcpy(&w3, p + 24, 8);
-        c = __builtin_ia32_crc32di(c, w0);
-        c = __builtin_ia32_crc32di(c, w1);
-        c = __builtin_ia32_crc32di(c, w2);
-        c = __builtin_ia32_crc32di(c, w3);
-        p += 32;
-        n -= 32;
+        c = kvt__crc3(c, &p, dp, &n, KVT__CRC_BLK, kvt__crc_shift_tab[0]);
+        c = kvt__crc3(c, &p, dp, &n, KVT__CRC_BLK_S, kvt__crc_shift_tab[1]);
     }
     while (n >= 8) {
         uint64_t w;
         memcpy(&w, p, 8);
+        if (dst) {
+            memcpy(dst, &w, 8);
+            dst += 8;
+        }
         c = __builtin_ia32_crc32di(c, w);
         p += 8;
         n -= 8;
     }
-    while (n--)
+    while (n--) {
+        if (dst)
+            *dst++ = *p;
         c = __builtin_ia32_crc32qi((uint32_t)c, *p++);
+    }
     return ~(uint32_t)c;
+}
+
+__attribute__((target("sse4.2"))) static uint32_t kvt__crc32c_hw(uint32_t crc, const void *buf,
+                                                                 size_t n)
+{
+    return kvt__crc32c_hw_impl(crc, buf, n, NULL);
+}
+
+__attribute__((target("sse4.2"))) static uint32_t kvt__crc32c_copy_hw(void *dst, const void *src,
+                                                                      size_t n)
+{
+    return kvt__crc32c_hw_impl(0, src, n, dst);
 }
 
 static int kvt__has_sse42(void)
@@ -177,9 +198,23 @@ uint32_t kvt__crc32c(uint32_t crc, const void *buf, size_t n)
 {
     return kvt__has_sse42() ? kvt__crc32c_hw(crc, buf, n) : kvt__crc32c_sw(crc, buf, n);
 }
+
+uint32_t kvt__crc32c_copy(void *dst, const void *src, size_t n)
+{
+    if (kvt__has_sse42())
+        return kvt__crc32c_copy_hw(dst, src, n);
+    memcpy(dst, src, n);
+    return kvt__crc32c_sw(0, dst, n);
+}
 #else
 uint32_t kvt__crc32c(uint32_t crc, const void *buf, size_t n)
 {
     return kvt__crc32c_sw(crc, buf, n);
+}
+
+uint32_t kvt__crc32c_copy(void *dst, const void *src, size_t n)
+{
+    memcpy(dst, src, n);
+    return kvt__crc32c_sw(0, dst, n);
 }
 #endif

@@ -245,6 +245,13 @@ int kvt__mover_fault(kvt_mover *m, bool write, uint32_t kind, uint64_t nth)
 }
 #endif
 
+/* Whether op's block in `tier` is host memory that a memcpy reaches (not a
+ * CUDA pool's device block). */
+static bool kvt__host_mem(const kvt__op *op, uint32_t tier)
+{
+    return tier != KVT_TIER_DEVICE || !op->batch->cu_ev;
+}
+
 /* A copy between a staging buffer and a block: through the I/O thread's
  * CUDA copier when the block is in a CUDA pool's device tier (after the
  * batch's event; the backend's copier_sync issues and completes it; the kernel
@@ -253,7 +260,7 @@ static int kvt__stage_copy(kvt_mover *m, const kvt__op *op, uint32_t tier, void 
                            const void *src, bool *queued)
 {
     const kvt_pool *p = m->pool;
-    if (tier != KVT_TIER_DEVICE || !op->batch->cu_ev) {
+    if (kvt__host_mem(op, tier)) {
         memcpy(dst, src, p->disk->block_bytes);
         return 0;
     }
@@ -275,10 +282,16 @@ static int kvt__stage_write(kvt_mover *m, kvt__iou *u)
     uint8_t *buf = kvt__unit_buf(m, u);
     bool queued = false;
     int rc = 0;
+    /* Host-memory sources are copied and checksummed in one pass; a CUDA
+     * device block is copied by the copier, then checksummed here. */
     for (uint32_t i = 0; i < u->n_ops && !rc; i++) {
-        const kvt__op *op = u->ops[i];
-        rc = kvt__stage_copy(m, op, op->src_tier, buf + (size_t)i * d->slot_bytes,
-                             kvt__arena_block(&p->tier[op->src_tier], op->src_blk), &queued);
+        kvt__op *op = u->ops[i];
+        uint8_t *dst = buf + (size_t)i * d->slot_bytes;
+        const uint8_t *src = kvt__arena_block(&p->tier[op->src_tier], op->src_blk);
+        if (kvt__host_mem(op, op->src_tier))
+            op->crc = kvt__crc32c_copy(dst, src, d->block_bytes);
+        else
+            rc = kvt__stage_copy(m, op, op->src_tier, dst, src, &queued);
     }
     if (queued) { /* even after an error: nothing may still be landing */
         const int e2 = p->be->copier_sync(p, m->io_cs);
@@ -291,7 +304,8 @@ static int kvt__stage_write(kvt_mover *m, kvt__iou *u)
         uint8_t *dst = buf + (size_t)i * d->slot_bytes;
         if (d->slot_bytes > d->block_bytes)
             memset(dst + d->block_bytes, 0, d->slot_bytes - d->block_bytes);
-        op->crc = kvt__crc32c(0, dst, d->block_bytes);
+        if (!kvt__host_mem(op, op->src_tier))
+            op->crc = kvt__crc32c(0, dst, d->block_bytes);
     }
     if (u->fault == KVT__FAULT_FLIP) {
         buf[d->block_bytes / 3] ^= 0x5a; /* media corruption after the CRC */
@@ -350,12 +364,17 @@ static void kvt__unit_done(kvt_mover *m, kvt__iou *u, int32_t code, int err)
         int32_t s = 0;
         if (!u->write) {
             const uint8_t *src = buf + (size_t)i * d->slot_bytes;
-            if (kvt__crc32c(0, src, d->block_bytes) != op->crc)
+            uint8_t *dst = kvt__arena_block(&p->tier[op->dst_tier], op->dst_blk);
+            if (!u->direct && kvt__host_mem(op, op->dst_tier)) {
+                /* Copied and checked in one pass over the staging buffer;
+                 * on a mismatch the block is freed unused. */
+                if (kvt__crc32c_copy(dst, src, d->block_bytes) != op->crc)
+                    s = KVT_ECORRUPT;
+            } else if (kvt__crc32c(0, src, d->block_bytes) != op->crc) {
                 s = KVT_ECORRUPT;
-            else if (!cerr && !u->direct)
-                cerr = kvt__stage_copy(m, op, op->dst_tier,
-                                       kvt__arena_block(&p->tier[op->dst_tier], op->dst_blk),
-                                       src, &queued);
+            } else if (!cerr && !u->direct) {
+                cerr = kvt__stage_copy(m, op, op->dst_tier, dst, src, &queued);
+            }
         }
         if (i < 64)
             st[i] = s;
