@@ -500,6 +500,10 @@ int kvt__cuda_step_fetch(kvt_step *st, uint32_t layer, const uint32_t **sel)
                 return kvt__err(KVT_EINTERNAL, "step: sequence %u head %u selected %u pages, "
                                 "more than the bound %u", i, h, n, b);
             st->sel_cnt[ih] = n;
+            /* The selected pages' recency, the host cache's eviction order
+             * after importance, as on the CPU (lib/step/select.c). */
+            for (uint32_t j = 0; j < n; j++)
+                s->tier.use[lh * s->cap_pages + c->h_sel[st->sel_off[ih] + j]] = p->clock;
             /* The votes are the pages' importance (the host cache's
              * eviction order and lookahead eviction), as on the CPU. */
             if (!st->sel_rr[ih] || !np)

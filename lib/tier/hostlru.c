@@ -5,10 +5,12 @@
  * A bucket is the page's importance (the last vote the selector gave it)
  * to within 1/8 octave: the top 12 bits of the float's order-preserving
  * key (sign, exponent, 3 mantissa bits); -0 is +0, NaN ranks highest (as
- * the top-K ranks a NaN vote). A block is filed when a move that touches
+ * the top-K ranks a NaN vote). A block is queued when a move that touches
  * its page is applied (arrival in the host tier, a disk copy's arrival, the
- * end of a move in flight) and when a popped candidate turns out to have
- * changed since it was filed. The lists are a hint, validated at every
+ * end of a move in flight); the queue is filed at the next eviction, sorted
+ * by (bucket, last use, block), so the order does not depend on the order
+ * in which moves completed. A popped candidate that changed since it was
+ * filed is filed again. The lists are a hint, validated at every
  * pop against the pool's ground truth (owner, residency, importance,
  * recency); mover_submit.c falls back to a full scan when they cannot
  * supply enough candidates. Caller-thread state, like host_owner. */
@@ -24,7 +26,9 @@ int kvt__hlru_init(kvt__hlru *l, uint32_t n)
     l->next = malloc((size_t)n * sizeof *l->next);
     l->fuse = malloc((size_t)n * sizeof *l->fuse);
     l->bk = malloc((size_t)n * sizeof *l->bk);
-    if (!l->prev || !l->next || !l->fuse || !l->bk) {
+    l->pend = malloc((size_t)n * sizeof *l->pend);
+    l->pmark = calloc(n, 1);
+    if (!l->prev || !l->next || !l->fuse || !l->bk || !l->pend || !l->pmark) {
         kvt__hlru_fini(l);
         return kvt__err(KVT_ENOMEM, "mover: cannot allocate the host cache's lists (%u blocks)",
                         n);
@@ -43,6 +47,8 @@ void kvt__hlru_fini(kvt__hlru *l)
     free(l->next);
     free(l->fuse);
     free(l->bk);
+    free(l->pend);
+    free(l->pmark);
     memset(l, 0, sizeof *l);
 }
 

@@ -36,8 +36,47 @@ void kvt__host_file(kvt_pool *p, kvt__seq *s, size_t e)
     if (!m || !m->hlru.n || !(s->res[e] & KVT_RES_HOST))
         return;
     const uint32_t b = s->host_block[e];
-    if (p->host_owner[b].slot == (uint32_t)(s - p->seqs))
-        kvt__hlru_file(&m->hlru, b, s->tier.imp[e], s->tier.use[e]);
+    if (!m->hlru.pmark[b]) {
+        m->hlru.pmark[b] = 1;
+        m->hlru.pend[m->hlru.n_pend++] = b;
+    }
+}
+
+/* Filing order of queued blocks: bucket, then least recently used, then
+ * block. */
+static int kvt__file_cmp(const void *pa, const void *pb)
+{
+    const kvt__cand *a = pa, *b = pb;
+    const uint32_t ka = kvt__hlru_bucket(a->imp), kb = kvt__hlru_bucket(b->imp);
+    if (ka != kb)
+        return ka < kb ? -1 : 1;
+    if (a->use != b->use)
+        return (int32_t)(a->use - b->use) < 0 ? -1 : 1;
+    return a->blk < b->blk ? -1 : a->blk > b->blk;
+}
+
+/* Files the queued blocks that still hold a sequence's page. */
+static void kvt__file_pending(kvt_mover *m)
+{
+    kvt_pool *p = m->pool;
+    kvt__hlru *l = &m->hlru;
+    kvt__cand *c = m->evict_scratch;
+    size_t n = 0;
+    for (uint32_t i = 0; i < l->n_pend; i++) {
+        const uint32_t b = l->pend[i];
+        l->pmark[b] = 0;
+        const kvt__owner o = p->host_owner[b];
+        if (o.slot == UINT32_MAX || o.slot == KVT__OWNER_PFX)
+            continue;
+        const kvt__seq *s = &p->seqs[o.slot];
+        const size_t e = (size_t)o.lh * s->cap_pages + o.page;
+        if ((s->res[e] & KVT_RES_HOST) && s->host_block[e] == b)
+            c[n++] = (kvt__cand){s->tier.imp[e], s->tier.use[e], b, 0};
+    }
+    l->n_pend = 0;
+    qsort(c, n, sizeof *c, kvt__file_cmp);
+    for (size_t i = 0; i < n; i++)
+        kvt__hlru_file(l, c[i].blk, c[i].imp, c[i].use);
 }
 
 /* Pops up to `need` host copies off the lists, lowest bucket first, each
@@ -94,6 +133,9 @@ static void kvt__evict_rebuild(kvt_mover *m)
     const kvt__arena *a = &p->tier[KVT_TIER_HOST];
     kvt__cand *c = m->evict_scratch;
     size_t n = 0;
+    for (uint32_t i = 0; i < m->hlru.n_pend; i++)
+        m->hlru.pmark[m->hlru.pend[i]] = 0;
+    m->hlru.n_pend = 0;
     for (uint32_t b = 1; b < a->n_blocks; b++) {
         const kvt__owner *o = &p->host_owner[b];
         if (o->slot == UINT32_MAX || o->slot == KVT__OWNER_PFX) {
@@ -125,6 +167,7 @@ static void kvt__evict_host(kvt_mover *m, uint32_t want)
     if (!p->disk || !m->hlru.n || a->n_free >= want)
         return;
     uint32_t need = want - a->n_free;
+    kvt__file_pending(m);
     need -= kvt__evict_listed(m, need);
     if (need) {
         kvt__evict_rebuild(m);

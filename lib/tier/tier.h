@@ -184,6 +184,9 @@ typedef struct kvt__hlru {
     uint32_t head[KVT__HLRU_NB + 1], tail[KVT__HLRU_NB + 1];
     uint64_t bits[KVT__HLRU_NB / 64];        /* non-empty buckets */
     uint64_t sum;                            /* non-zero words of bits */
+    uint32_t *pend;                          /* blocks to file at the next eviction */
+    uint8_t *pmark;                          /* [n] 1 while in pend */
+    uint32_t n_pend;
 } kvt__hlru;
 KVT__HIDDEN int kvt__hlru_init(kvt__hlru *l, uint32_t n);
 KVT__HIDDEN void kvt__hlru_fini(kvt__hlru *l);
@@ -336,9 +339,11 @@ KVT__HIDDEN int kvt__place_recycle_head(kvt_pool *p, kvt__seq *s, kvt_seq_id id,
                                         uint32_t *pmdst, int32_t *pmres, size_t cap,
                                         uint32_t *n_pm);
 
-/* Files page e's host block (when it has one that s owns) in the host
- * cache's eviction lists: after a move of the page is applied, or when a
- * cached page is adopted (hostlru.c, mover_submit.c). */
+/* Queues page e's host block (when it has one that s owns) for filing in
+ * the host cache's eviction lists: after a move of the page is applied, or
+ * when a cached page is adopted. The queue is filed at the next eviction
+ * in (bucket, last use, block) order, so the lists do not depend on the
+ * order in which moves completed (mover_submit.c). */
 KVT__HIDDEN void kvt__host_file(kvt_pool *p, kvt__seq *s, size_t e);
 /* Drops the copy of page e of s in `tier` (another copy exists). */
 KVT__HIDDEN void kvt__page_drop(kvt_pool *p, kvt__seq *s, size_t e, uint32_t tier);
