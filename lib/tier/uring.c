@@ -434,6 +434,82 @@ static void kvt__stage_fail(kvt_mover *m, kvt__iou *u)
     pthread_mutex_unlock(&m->mu);
 }
 
+/* The I/O thread's state between its passes. */
+typedef struct kvt__iot {
+    uint32_t inflight, n_prep, n_done, d0;
+} kvt__iot;
+
+/* Reaps every completion the ring holds (no wait): finished requests to
+ * the done list, short and retried ones back to prep, failures finished. */
+static void kvt__reap(kvt_mover *m, kvt__iot *t)
+{
+    struct io_uring *ring = m->ring;
+    const kvt__disk *d = m->pool->disk;
+    kvt__iou **done = m->done_units;
+    struct io_uring_cqe *cqe;
+    unsigned head, seen = 0;
+    io_uring_for_each_cqe(ring, head, cqe)
+    {
+        kvt__iou *u = io_uring_cqe_get_data(cqe);
+        int res = cqe->res;
+        seen++;
+        t->inflight--;
+        switch (u->fault) {
+        case KVT__FAULT_EIO:
+            res = -EIO;
+            break;
+        case KVT__FAULT_ENOSPC:
+            res = -ENOSPC;
+            break;
+        case KVT__FAULT_EAGAIN:
+            res = -EAGAIN;
+            break;
+        case KVT__FAULT_SHORT:
+            if (res > 0 && ((unsigned)res / 2u) / KVT__DIO_ALIGN > 0)
+                res = (int)(((unsigned)res / 2u) / KVT__DIO_ALIGN * KVT__DIO_ALIGN);
+            break;
+        case KVT__FAULT_FLIP:
+            if (!u->write && res > 0)
+                kvt__unit_buf(m, u)[d->block_bytes / 2] ^= 0xa5;
+            break;
+        default:
+            break;
+        }
+        u->fault = KVT__FAULT_NONE;
+        if (res == -EAGAIN || res == -EINTR) {
+            if (++u->retries > KVT__MAX_RETRIES) {
+                kvt__unit_done(m, u, KVT_EIO, -res);
+            } else {
+                pthread_mutex_lock(&m->mu);
+                m->retries++;
+                pthread_mutex_unlock(&m->mu);
+                m->prep[t->n_prep++] = u;
+            }
+        } else if (res < 0) {
+            kvt__unit_done(m, u, res == -ENOSPC ? KVT_ENOSPC : KVT_EIO, -res);
+        } else if (res == 0) {
+            kvt__unit_done(m, u, KVT_EIO, 0); /* end of file inside the disk file */
+        } else {
+            u->done += (uint32_t)res;
+            if (u->done < u->len) {
+                pthread_mutex_lock(&m->mu);
+                m->short_io++;
+                pthread_mutex_unlock(&m->mu);
+                m->prep[t->n_prep++] = u;
+            } else {
+                done[t->n_done++] = u;
+            }
+        }
+    }
+    io_uring_cq_advance(ring, seen);
+}
+
+/* Completed requests are checked (and copied) at most this many bytes at a
+ * time between two looks at the ring, so requests that finish meanwhile
+ * are replaced at once and the disk's queue stays full (checking a whole
+ * queue's worth at once left it short by a tenth at 128 KiB requests). */
+#define KVT__CHECK_BYTES (256u << 10)
+
 void *kvt__uring_thread(void *arg)
 {
     kvt_mover *m = arg;
@@ -441,14 +517,16 @@ void *kvt__uring_thread(void *arg)
     const kvt__disk *d = m->pool->disk;
     const uint32_t max_ops = m->stage_bytes / (uint32_t)d->slot_bytes;
     const uint32_t qd = m->o.queue_depth;
-    uint32_t inflight = 0, n_prep = 0, n_done = 0, n_fail = 0;
+    kvt__iot t = {0, 0, 0, 0};
+    uint32_t n_fail = 0;
     kvt__iou **done = m->done_units;
 
     pthread_mutex_lock(&m->mu);
     for (;;) {
         /* Take queued moves (urgent first), coalescing adjacent slots of
          * the same kind into one request up to the staging size. */
-        while (m->n_free_units && inflight + n_prep < qd && (m->iq_head[0] || m->iq_head[1])) {
+        while (m->n_free_units && t.inflight + t.n_prep < qd &&
+               (m->iq_head[0] || m->iq_head[1])) {
             const int q = m->iq_head[0] ? 0 : 1;
             kvt__iou *u = &m->units[m->free_units[--m->n_free_units]];
             kvt__op *op = kvt__q_pop_io(m, q);
@@ -464,9 +542,9 @@ void *kvt__uring_thread(void *arg)
             u->retries = 0;
             u->fault = KVT__FAULT_NONE;
             u->direct = NULL;
-            m->prep[n_prep++] = u;
+            m->prep[t.n_prep++] = u;
         }
-        if (!n_prep && !inflight && !n_done) {
+        if (!t.n_prep && !t.inflight && t.d0 == t.n_done) {
             if (m->stop)
                 break;
             pthread_cond_wait(&m->io_cv, &m->mu);
@@ -474,7 +552,7 @@ void *kvt__uring_thread(void *arg)
         }
         pthread_mutex_unlock(&m->mu);
 
-        for (uint32_t i = 0; i < n_prep; i++) {
+        for (uint32_t i = 0; i < t.n_prep; i++) {
             kvt__iou *u = m->prep[i];
             if (u->done == 0 && u->retries == 0) {
                 u->fault = kvt__fault_draw(m, u->write);
@@ -488,22 +566,33 @@ void *kvt__uring_thread(void *arg)
             }
             kvt__prep(m, u);
         }
-        inflight += n_prep - n_fail;
-        n_prep = n_fail = 0;
-        n_prep = 0;
+        t.inflight += t.n_prep - n_fail;
+        t.n_prep = n_fail = 0;
         int e;
-        if (n_done) {
-            /* The refills are on their way first; then the completed reads
-             * are checked and copied while the disk works. */
-            if (inflight) {
+        if (t.d0 < t.n_done) {
+            /* The refills are on their way first; then a share of the
+             * completed reads is checked and copied while the disk works,
+             * and the ring is looked at again. */
+            if (t.inflight) {
                 do
                     e = io_uring_submit(ring);
                 while (e == -EINTR);
-                (void)e; /* a broken ring shows in the wait below */
+                (void)e; /* a broken ring shows in a wait below */
             }
-            for (uint32_t i = 0; i < n_done; i++)
-                kvt__unit_done(m, done[i], 0, 0);
-            n_done = 0;
+            uint64_t bytes = 0;
+            while (t.d0 < t.n_done && bytes < KVT__CHECK_BYTES) {
+                bytes += done[t.d0]->len;
+                kvt__unit_done(m, done[t.d0++], 0, 0);
+            }
+            if (t.d0 == t.n_done) {
+                t.d0 = t.n_done = 0;
+            } else if (t.inflight) {
+                /* Keep the list from the start: each unit is in it once. */
+                memmove(done, done + t.d0, (t.n_done - t.d0) * sizeof *done);
+                t.n_done -= t.d0;
+                t.d0 = 0;
+                kvt__reap(m, &t);
+            }
             pthread_mutex_lock(&m->mu);
             continue;
         }
@@ -514,71 +603,15 @@ void *kvt__uring_thread(void *arg)
             /* The ring itself failed: nothing more can be submitted or
              * reaped reliably. Wait for what is in flight, then fail. */
             struct io_uring_cqe *cqe;
-            while (inflight && io_uring_wait_cqe(ring, &cqe) == 0) {
+            while (t.inflight && io_uring_wait_cqe(ring, &cqe) == 0) {
                 kvt__iou *u = io_uring_cqe_get_data(cqe);
                 io_uring_cqe_seen(ring, cqe);
-                inflight--;
+                t.inflight--;
                 kvt__unit_done(m, u, KVT_EIO, -e);
             }
-            inflight = 0;
+            t.inflight = 0;
         }
-
-        struct io_uring_cqe *cqe;
-        unsigned head, seen = 0;
-        io_uring_for_each_cqe(ring, head, cqe)
-        {
-            kvt__iou *u = io_uring_cqe_get_data(cqe);
-            int res = cqe->res;
-            seen++;
-            inflight--;
-            switch (u->fault) {
-            case KVT__FAULT_EIO:
-                res = -EIO;
-                break;
-            case KVT__FAULT_ENOSPC:
-                res = -ENOSPC;
-                break;
-            case KVT__FAULT_EAGAIN:
-                res = -EAGAIN;
-                break;
-            case KVT__FAULT_SHORT:
-                if (res > 0 && ((unsigned)res / 2u) / KVT__DIO_ALIGN > 0)
-                    res = (int)(((unsigned)res / 2u) / KVT__DIO_ALIGN * KVT__DIO_ALIGN);
-                break;
-            case KVT__FAULT_FLIP:
-                if (!u->write && res > 0)
-                    kvt__unit_buf(m, u)[d->block_bytes / 2] ^= 0xa5;
-                break;
-            default:
-                break;
-            }
-            u->fault = KVT__FAULT_NONE;
-            if (res == -EAGAIN || res == -EINTR) {
-                if (++u->retries > KVT__MAX_RETRIES) {
-                    kvt__unit_done(m, u, KVT_EIO, -res);
-                } else {
-                    pthread_mutex_lock(&m->mu);
-                    m->retries++;
-                    pthread_mutex_unlock(&m->mu);
-                    m->prep[n_prep++] = u;
-                }
-            } else if (res < 0) {
-                kvt__unit_done(m, u, res == -ENOSPC ? KVT_ENOSPC : KVT_EIO, -res);
-            } else if (res == 0) {
-                kvt__unit_done(m, u, KVT_EIO, 0); /* end of file inside the disk file */
-            } else {
-                u->done += (uint32_t)res;
-                if (u->done < u->len) {
-                    pthread_mutex_lock(&m->mu);
-                    m->short_io++;
-                    pthread_mutex_unlock(&m->mu);
-                    m->prep[n_prep++] = u;
-                } else {
-                    done[n_done++] = u;
-                }
-            }
-        }
-        io_uring_cq_advance(ring, seen);
+        kvt__reap(m, &t);
         pthread_mutex_lock(&m->mu);
     }
     pthread_mutex_unlock(&m->mu);
