@@ -29,8 +29,11 @@
 /* Software prefetches go to L2 (locality 1): a block's rows are read once
  * per pass, and requests into L1 evict the query rows and the scores the
  * passes keep there (measured, kvtier-bench attn --quick: locality 3 -> 1
- * took sparse decode from 0.61 to 0.58 ms per layer; prefetching every
- * block two ahead, adjacent ones too, dense from 8.8 to 6.7 ms). */
+ * took sparse decode from 0.61 to 0.58 ms per layer). The decode asks for
+ * the block two ahead unless it continues a run of back-to-back blocks
+ * (kvt__in_run): on 2026-11-27 prefetching every block took dense from 8.8
+ * to 6.7 ms, on 2026-11-28 (a quieter VM) skipping runs took it from 6.2
+ * to 4.4-4.9 ms with sparse unchanged; both in alternating runs. */
 #define KVT__PF_LOC 1
 #define KVT__PF_DIST 2u   /* blocks ahead (attention, token scores) */
 #define KVT__SCORE_PF 16u /* metadata slots ahead (bound scores) */
@@ -38,6 +41,17 @@ KVT__INLINE void kvt__pf(const uint8_t *p, size_t bytes)
 {
     for (size_t off = 0; off < bytes; off += 64)
         __builtin_prefetch(p + off, 0, KVT__PF_LOC);
+}
+/* Whether b[0..KVT__PF_DIST] lie back to back in memory (blocks of `bb`
+ * bytes): a stream the hardware prefetchers already follow, where software
+ * prefetches only cost instructions (dense decode 6.2 -> 4.9 ms a layer,
+ * kvtier-bench attn --quick, 2026-11-28). */
+KVT__INLINE bool kvt__in_run(const uint8_t *const *b, size_t bb)
+{
+    for (uint32_t j = 0; j < KVT__PF_DIST; j++)
+        if (b[j + 1] != b[j] + bb)
+            return false;
+    return true;
 }
 
 #if KVT__ISA == 2
@@ -405,14 +419,16 @@ KVT__INLINE void kvt__attn_dt(kvt_dtype dt, const kvt__attn_shape *sh, const flo
     float *kwide = sbuf + (size_t)G * P, *vwide = kwide + (size_t)P * D;
     /* Block i + KVT__PF_DIST is requested while block i is computed: its K
      * rows before this block's K pass, its V rows before the V pass (the
-     * first blocks up front). Adjacent blocks too: the hardware prefetchers
-     * alone left dense decode at about half the probe's rate (measured). */
+     * first blocks up front), unless it ends a run of back-to-back blocks
+     * that the hardware prefetchers already stream. */
     for (uint32_t i = 0; i < n && i < KVT__PF_DIST; i++)
         kvt__pf(blocks[i], 2 * (size_t)P * row);
     for (uint32_t i = 0; i < n; i++) {
         const uint8_t *K = blocks[i], *V = blocks[i] + (size_t)P * row;
         const uint32_t nt = ntok[i];
         const uint8_t *nb = i + KVT__PF_DIST < n ? blocks[i + KVT__PF_DIST] : NULL;
+        if (nb && kvt__in_run(blocks + i, 2 * (size_t)P * row))
+            nb = NULL;
         if (nb)
             kvt__pf(nb, (size_t)P * row);
         uint32_t g = 0;
