@@ -183,7 +183,7 @@ TESTS_SHARED := test_errors test_opts test_pool test_append test_random test_c_h
                 test_tokenselect
 TESTS_STATIC := test_convert test_crc32c test_mckp test_profiler test_contract test_redis_slot
 # Static tests with the tier helpers (tests/tiertest.c).
-TESTS_STATIC_TIER := test_share
+TESTS_STATIC_TIER := test_share test_hostlru
 # Fault-injection tests link a static library whose tier sources are built
 # with KVT_FAULT_INJECTION; the installed library never has the hooks.
 TESTS_FAULT  := test_mover_faults test_place_faults test_prefix test_prefix_load test_remote
