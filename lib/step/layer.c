@@ -304,9 +304,12 @@ int kvt__select(kvt_step *st, uint32_t layer, const float *q)
         if (!rc)
             kvt__select_count(st, layer);
         if (!rc && kvt__lower_on_host(st->pool)) {
-            /* Lower tiers: the host places the pages, as on the CPU. */
+            /* Lower tiers: the host places the pages, as on the CPU (the
+             * fetch brings the votes, the pages' importance, to the host). */
             const uint32_t *sp = NULL;
             rc = be->step_fetch(st, layer, &sp);
+            if (!rc)
+                kvt__select_imp(st, layer);
             if (!rc && st->tiered)
                 rc = kvt__recycle(st, layer, sp);
         }
@@ -339,6 +342,7 @@ int kvt__select(kvt_step *st, uint32_t layer, const float *q)
     st->sel_layer = KVT__NO_LAYER;
     kvt__select_heads(st);
     kvt__select_count(st, layer);
+    kvt__select_imp(st, layer);
     st->sel_layer = layer;
     if (st->prof && !dense && !st->recorded[layer]) {
         st->recorded[layer] = 1;

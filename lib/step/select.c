@@ -21,6 +21,7 @@
 #include "../select/select_int.h"
 #include "../policy/policy_int.h"
 #include "step_int.h"
+#include "../tier/tier.h"
 
 /* cos(a, b) (double sums); 1 when both are zero, 0 when one is; NaN with a
  * non-finite element (the caller reranks on anything but >= threshold). */
@@ -206,6 +207,18 @@ void kvt__select_heads(kvt_step *st)
             kvt__tp_run(&st->pool->tp, kvt__score_task, st, nt);
     }
     kvt__tp_run(&st->pool->tp, kvt__pick_task, st, nh);
+}
+
+void kvt__select_imp(kvt_step *st, uint32_t layer)
+{
+    if (!st->pool->disk)
+        return;
+    for (uint32_t ih = 0; ih < st->n * st->H; ih++)
+        if (st->sel_rr[ih]) {
+            kvt__seq *s = st->seqs[ih / st->H];
+            kvt__host_imp_changed(st->pool, s, kvt__lh(st->pool, layer, ih % st->H),
+                                  kvt__pages_for(st->pool, s->n_tokens[layer]));
+        }
 }
 
 int kvt__select_record(kvt_step *st, uint32_t layer)

@@ -179,6 +179,9 @@ KVT__HIDDEN void kvt__select_heads(kvt_step *st);
 KVT__HIDDEN int kvt__select_record(kvt_step *st, uint32_t layer);
 /* the pool's counters (every backend), once per layer and step. */
 KVT__HIDDEN void kvt__select_count(kvt_step *st, uint32_t layer);
+/* After a layer's selection: the heads that rescored tell the host cache's
+ * eviction lists of importances that fell (select.c; pools with a disk). */
+KVT__HIDDEN void kvt__select_imp(kvt_step *st, uint32_t layer);
 /* The selection of a layer (kvt_step_select's work). */
 KVT__HIDDEN int kvt__select(kvt_step *st, uint32_t layer, const float *q);
 

@@ -9,8 +9,10 @@
  * its page is applied (arrival in the host tier, a disk copy's arrival, the
  * end of a move in flight); the queue is filed at the next eviction, sorted
  * by (bucket, last use, block), so the order does not depend on the order
- * in which moves completed. A popped candidate that changed since it was
- * filed is filed again. The lists are a hint, validated at every
+ * in which moves completed. A selection that lowers a listed page's
+ * importance below its bucket queues it too (kvt__host_imp_changed); a
+ * popped candidate whose importance rose, or that was used since it was
+ * filed, is filed again. The lists are a hint, validated at every
  * pop against the pool's ground truth (owner, residency, importance,
  * recency); mover_submit.c falls back to a full scan when they cannot
  * supply enough candidates. Caller-thread state, like host_owner. */

@@ -42,6 +42,28 @@ void kvt__host_file(kvt_pool *p, kvt__seq *s, size_t e)
     }
 }
 
+void kvt__host_imp_changed(kvt_pool *p, kvt__seq *s, size_t lh, uint32_t np)
+{
+    kvt_mover *m = p->mover;
+    if (!m || !m->hlru.n)
+        return;
+    const kvt__hlru *l = &m->hlru;
+    const size_t base = lh * s->cap_pages;
+    const uint32_t me = (uint32_t)(s - p->seqs);
+    for (uint32_t pg = 0; pg < np; pg++) {
+        const size_t e = base + pg;
+        if (!(s->res[e] & KVT_RES_HOST))
+            continue;
+        const uint32_t b = s->host_block[e];
+        const uint32_t k = l->bk[b];
+        /* Unlisted blocks are queued already; parked ones are filed when a
+         * move of the page is applied; a rise is seen when popped. */
+        if (k < KVT__HLRU_NB && p->host_owner[b].slot == me &&
+            kvt__hlru_bucket(s->tier.imp[e]) < k)
+            kvt__host_file(p, s, e);
+    }
+}
+
 /* Filing order of queued blocks: bucket, then least recently used, then
  * block. */
 static int kvt__file_cmp(const void *pa, const void *pb)
@@ -253,6 +275,8 @@ static void kvt__unbusy(kvt_pool *p, kvt__batch *b, uint32_t n)
         if (op->dst_blk && !(op->iflags & KVT__OPF_HANDED))
             kvt__arena_free(&p->tier[op->dst_tier], op->dst_blk);
         op->dst_blk = 0;
+        /* An eviction of this submit may have parked its host copy. */
+        kvt__host_file(p, s, (size_t)op->lh * s->cap_pages + op->page);
     }
 }
 

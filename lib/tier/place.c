@@ -549,6 +549,7 @@ int kvt__place_warmup(kvt_pool *pool, kvt__seq *s, kvt_seq_id seq, const float *
                     /* The importance orders the host cache, and its top K
                      * pages are the head's first selection. */
                     memcpy(s->tier.imp + lh * s->cap_pages, imp, (size_t)np * sizeof *imp);
+                    kvt__host_imp_changed(pool, s, lh, np);
                     uint32_t nk = 0;
                     const uint32_t kk = K < s->sel.topk_cap ? K : s->sel.topk_cap;
                     kvt__sel_pick(np, tokens, P, kk, sink, local, imp, NULL, 0, &sc, tmp,

@@ -345,6 +345,11 @@ KVT__HIDDEN int kvt__place_recycle_head(kvt_pool *p, kvt__seq *s, kvt_seq_id id,
  * in (bucket, last use, block) order, so the lists do not depend on the
  * order in which moves completed (mover_submit.c). */
 KVT__HIDDEN void kvt__host_file(kvt_pool *p, kvt__seq *s, size_t e);
+/* After a head's importances were rewritten (a selection, the warm-up):
+ * queues its host copies whose importance fell below their listed bucket
+ * (the lists would rank them too high; a rise is caught when popped).
+ * Caller thread. */
+KVT__HIDDEN void kvt__host_imp_changed(kvt_pool *p, kvt__seq *s, size_t lh, uint32_t np);
 /* Drops the copy of page e of s in `tier` (another copy exists). */
 KVT__HIDDEN void kvt__page_drop(kvt_pool *p, kvt__seq *s, size_t e, uint32_t tier);
 /* Whether another holder of the shared page (s, lh, page) needs its device

@@ -596,6 +596,10 @@ void *kvt__uring_thread(void *arg)
             pthread_mutex_lock(&m->mu);
             continue;
         }
+        if (!t.inflight) { /* every prepared write failed its staging copy */
+            pthread_mutex_lock(&m->mu);
+            continue;
+        }
         do
             e = io_uring_submit_and_wait(ring, 1);
         while (e == -EINTR);
