@@ -30,6 +30,23 @@ static int kvt__cand_cmp(const void *pa, const void *pb)
     return a->blk < b->blk ? -1 : a->blk > b->blk;
 }
 
+/* The sequence page whose host copy block b holds (*ps, *pe), or false:
+ * no owner, the prefix cache's, or an owner record that no longer matches
+ * (a block freed and taken again without the lists being told). */
+static bool kvt__host_page(kvt_pool *p, uint32_t b, kvt__seq **ps, size_t *pe)
+{
+    const kvt__owner o = p->host_owner[b];
+    if (o.slot == UINT32_MAX || o.slot == KVT__OWNER_PFX)
+        return false;
+    kvt__seq *s = &p->seqs[o.slot];
+    const size_t e = (size_t)o.lh * s->cap_pages + o.page;
+    if (!(s->res[e] & KVT_RES_HOST) || s->host_block[e] != b)
+        return false;
+    *ps = s;
+    *pe = e;
+    return true;
+}
+
 void kvt__host_file(kvt_pool *p, kvt__seq *s, size_t e)
 {
     kvt_mover *m = p->mover;
@@ -86,13 +103,10 @@ static void kvt__file_pending(kvt_mover *m)
     size_t n = 0;
     for (uint32_t i = 0; i < l->n_pend; i++) {
         const uint32_t b = l->pend[i];
+        kvt__seq *s;
+        size_t e;
         l->pmark[b] = 0;
-        const kvt__owner o = p->host_owner[b];
-        if (o.slot == UINT32_MAX || o.slot == KVT__OWNER_PFX)
-            continue;
-        const kvt__seq *s = &p->seqs[o.slot];
-        const size_t e = (size_t)o.lh * s->cap_pages + o.page;
-        if ((s->res[e] & KVT_RES_HOST) && s->host_block[e] == b)
+        if (kvt__host_page(p, b, &s, &e))
             c[n++] = (kvt__cand){s->tier.imp[e], s->tier.use[e], b, 0};
     }
     l->n_pend = 0;
@@ -117,18 +131,13 @@ static uint32_t kvt__evict_listed(kvt_mover *m, uint32_t need)
         const uint32_t b = kvt__hlru_lowest(l);
         if (b == KVT__HLRU_NIL)
             break;
-        const kvt__owner o = p->host_owner[b];
-        if (o.slot == UINT32_MAX || o.slot == KVT__OWNER_PFX) {
+        kvt__seq *s;
+        size_t e;
+        if (!kvt__host_page(p, b, &s, &e)) {
             kvt__hlru_unlink(l, b);
             continue;
         }
-        kvt__seq *s = &p->seqs[o.slot];
-        const size_t e = (size_t)o.lh * s->cap_pages + o.page;
         const uint8_t r = s->res[e];
-        if (!(r & KVT_RES_HOST) || s->host_block[e] != b) {
-            kvt__hlru_unlink(l, b);
-            continue;
-        }
         const uint32_t use = s->tier.use[e];
         if ((r & KVT__RES_BUSY) || !(r & KVT_RES_DISK)) {
             kvt__hlru_park(l, b, use);
@@ -159,15 +168,14 @@ static void kvt__evict_rebuild(kvt_mover *m)
         m->hlru.pmark[m->hlru.pend[i]] = 0;
     m->hlru.n_pend = 0;
     for (uint32_t b = 1; b < a->n_blocks; b++) {
-        const kvt__owner *o = &p->host_owner[b];
-        if (o->slot == UINT32_MAX || o->slot == KVT__OWNER_PFX) {
+        kvt__seq *s;
+        size_t e;
+        if (!kvt__host_page(p, b, &s, &e)) {
             kvt__hlru_unlink(&m->hlru, b);
             continue;
         }
-        const kvt__seq *s = &p->seqs[o->slot];
-        const size_t e = (size_t)o->lh * s->cap_pages + o->page;
         const uint8_t r = s->res[e];
-        if ((r & KVT__RES_BUSY) || !(r & KVT_RES_DISK) || !(r & KVT_RES_HOST))
+        if ((r & KVT__RES_BUSY) || !(r & KVT_RES_DISK))
             kvt__hlru_park(&m->hlru, b, s->tier.use[e]);
         else
             c[n++] = (kvt__cand){s->tier.imp[e], s->tier.use[e], b, 0};
